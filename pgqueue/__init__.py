@@ -1,0 +1,113 @@
+"""pgqueue: a job queue for Python that lives in PostgreSQL.
+
+Submit work in your own transaction::
+
+    import pgqueue
+
+    with psycopg.connect(url) as conn:          # or a SQLAlchemy Session
+        save_order(conn, order)
+        pgqueue.enqueue(conn, "send_receipt", {"order_id": order.id}, priority="high")
+    # committed: the task exists and idle workers are woken; rolled back: it never existed
+
+Async code uses the same functions from ``pgqueue.aio``. Scripts without a transaction of
+their own use ``pgqueue.Client(url)``.
+"""
+
+from pgqueue.client import Client
+from pgqueue.enqueue import prepare
+from pgqueue.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidDatabaseURL,
+    InvalidPayload,
+    InvalidPriority,
+    InvalidTaskState,
+    LeaseLost,
+    PayloadTooLarge,
+    PgQueueError,
+    SchemaNotReady,
+    TaskNotFound,
+    UnsupportedConnection,
+    ValidationError,
+)
+from pgqueue.models import (
+    ClaimedTask,
+    EnqueueResult,
+    FailOutcome,
+    FailResult,
+    Lease,
+    Priority,
+    QueueStats,
+    RetryPolicy,
+    SweepResult,
+    Task,
+    TaskStatus,
+)
+from pgqueue.operations import (
+    cancel,
+    cancel_leased,
+    claim,
+    complete,
+    complete_many,
+    discard,
+    enqueue,
+    enqueue_many,
+    fail,
+    get_task,
+    heartbeat,
+    list_tasks,
+    prune,
+    queue_stats,
+    release,
+    replay,
+    sweep_expired,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClaimedTask",
+    "Client",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "EnqueueResult",
+    "FailOutcome",
+    "FailResult",
+    "InvalidDatabaseURL",
+    "InvalidPayload",
+    "InvalidPriority",
+    "InvalidTaskState",
+    "Lease",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "PgQueueError",
+    "Priority",
+    "QueueStats",
+    "RetryPolicy",
+    "SchemaNotReady",
+    "SweepResult",
+    "Task",
+    "TaskNotFound",
+    "TaskStatus",
+    "UnsupportedConnection",
+    "ValidationError",
+    "__version__",
+    "cancel",
+    "cancel_leased",
+    "claim",
+    "complete",
+    "complete_many",
+    "discard",
+    "enqueue",
+    "enqueue_many",
+    "fail",
+    "get_task",
+    "heartbeat",
+    "list_tasks",
+    "prepare",
+    "prune",
+    "queue_stats",
+    "release",
+    "replay",
+    "sweep_expired",
+]

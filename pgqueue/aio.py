@@ -1,0 +1,200 @@
+"""The core API for async code: the same functions as :mod:`pgqueue.operations`, awaited.
+
+Pass a psycopg ``AsyncConnection`` or a SQLAlchemy ``AsyncSession``/``AsyncConnection``
+(``postgresql+psycopg`` dialect). Nothing here commits. Validation and SQL are shared with
+the sync API (see :mod:`pgqueue.queries`); only the driving loop differs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pgqueue import queries
+from pgqueue.enqueue import prepare
+from pgqueue.models import (
+    ClaimedTask,
+    EnqueueResult,
+    FailResult,
+    Lease,
+    QueueStats,
+    SweepResult,
+    Task,
+    TaskStatus,
+)
+from pgqueue.operations import (
+    DEFAULT_COMPLETED_RETENTION,
+    DEFAULT_DEAD_RETENTION,
+    DEFAULT_LEASE_SECONDS,
+    _results,
+    as_spec,
+    check_limit,
+    list_args,
+    parse_task_id,
+)
+from pgqueue.queries import HeartbeatResult, TaskSpec, arun
+
+
+async def enqueue(
+    conn: Any, /, type: str, payload: Mapping[str, Any] | None = None, **options: Any
+) -> EnqueueResult:
+    """See :func:`pgqueue.enqueue`."""
+    now = options.pop("now", None)
+    task, created = await arun(conn, queries.task_insert(prepare(type, payload, **options), now))
+    return EnqueueResult(task, created)
+
+
+async def enqueue_many(
+    conn: Any, /, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
+) -> list[EnqueueResult]:
+    """See :func:`pgqueue.enqueue_many`."""
+    specs = [as_spec(item) for item in tasks]
+    return [EnqueueResult(t, c) for t, c in await arun(conn, queries.task_insert_many(specs, now))]
+
+
+async def get_task(conn: Any, /, task_id: uuid.UUID | str) -> Task:
+    return await arun(conn, queries.task_get(parse_task_id(task_id)))
+
+
+async def list_tasks(
+    conn: Any,
+    /,
+    *,
+    status: TaskStatus | str | None = None,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 50,
+    before: Task | tuple[datetime, uuid.UUID] | None = None,
+) -> list[Task]:
+    return await arun(conn, queries.task_list(**list_args(status, type, queue, limit, before)))
+
+
+async def cancel(conn: Any, /, task_id: uuid.UUID | str, *, now: datetime | None = None) -> Task:
+    return await arun(conn, queries.task_cancel(parse_task_id(task_id), now))
+
+
+async def replay(
+    conn: Any,
+    /,
+    ids: Sequence[uuid.UUID | str] | None = None,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 1000,
+    now: datetime | None = None,
+) -> list[uuid.UUID]:
+    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    return await arun(conn, queries.task_replay(parsed, type, queue, check_limit(limit), now))
+
+
+async def discard(
+    conn: Any,
+    /,
+    ids: Sequence[uuid.UUID | str] | None = None,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 1000,
+) -> list[uuid.UUID]:
+    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    return await arun(conn, queries.task_discard(parsed, type, queue, check_limit(limit)))
+
+
+async def queue_stats(conn: Any) -> list[QueueStats]:
+    return await arun(conn, queries.queue_depth())
+
+
+async def claim(
+    conn: Any,
+    /,
+    queues: Sequence[str],
+    *,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    now: datetime | None = None,
+) -> list[ClaimedTask]:
+    return await arun(
+        conn,
+        queries.task_claim(
+            queues=list(queues),
+            limit=check_limit(limit),
+            owner=worker_id,
+            lease_seconds=lease_seconds,
+            now=now,
+        ),
+    )
+
+
+async def complete(
+    conn: Any, /, lease: Lease, result: Any = None, *, now: datetime | None = None
+) -> None:
+    await arun(conn, queries.task_complete(lease, _results([(lease, result)])[0][1], now))
+
+
+async def complete_many(
+    conn: Any, /, results: Iterable[tuple[Lease, Any]], *, now: datetime | None = None
+) -> set[uuid.UUID]:
+    return await arun(conn, queries.task_complete_many(_results(results), now))
+
+
+async def fail(
+    conn: Any,
+    /,
+    lease: Lease,
+    error: str,
+    *,
+    retry_after: float | None = None,
+    now: datetime | None = None,
+) -> FailResult:
+    return await arun(conn, queries.task_fail(lease, error, retry_after, now))
+
+
+async def cancel_leased(
+    conn: Any, /, lease: Lease, reason: str, *, now: datetime | None = None
+) -> None:
+    await arun(conn, queries.task_cancel_leased(lease, reason, now))
+
+
+async def heartbeat(
+    conn: Any,
+    /,
+    leases: Sequence[Lease],
+    *,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    now: datetime | None = None,
+) -> HeartbeatResult:
+    return await arun(conn, queries.task_heartbeat(leases, lease_seconds, now))
+
+
+async def release(
+    conn: Any, /, leases: Sequence[Lease], *, now: datetime | None = None
+) -> set[uuid.UUID]:
+    return await arun(conn, queries.task_release(leases, now))
+
+
+async def sweep_expired(
+    conn: Any, /, *, limit: int = 1000, now: datetime | None = None
+) -> SweepResult:
+    return await arun(conn, queries.task_sweep_expired(check_limit(limit), now))
+
+
+async def prune(
+    conn: Any,
+    /,
+    *,
+    completed_after: float = DEFAULT_COMPLETED_RETENTION,
+    dead_after: float = DEFAULT_DEAD_RETENTION,
+    limit: int = 1000,
+    now: datetime | None = None,
+) -> int:
+    check_limit(limit)
+    done = await arun(
+        conn,
+        queries.task_prune(
+            [TaskStatus.COMPLETED, TaskStatus.CANCELLED], completed_after, limit, now
+        ),
+    )
+    return done + await arun(conn, queries.task_prune([TaskStatus.FAILED], dead_after, limit, now))

@@ -1,0 +1,97 @@
+"""The convenience form: a Client that opens its own pooled connections from a URL.
+
+Use it where there is no transaction to join (scripts, the CLI, services that only submit).
+Each call runs in its own transaction and commits. To enqueue atomically with your own
+writes, call ``pgqueue.enqueue(your_connection, ...)`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from pgqueue import migrate, operations
+from pgqueue.config import redact, resolve_database_url
+from pgqueue.errors import DatabaseUnavailable
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_transaction(fn: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Client, P], R]:
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self.connection() as conn:
+            return fn(conn, *args, **kwargs)
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+class Client:
+    """pgqueue on its own connection pool.
+
+    ``database_url`` defaults to ``PGQUEUE_DATABASE_URL``, else the embedded server. The schema
+    is checked on first use (SchemaNotReady says to run ``pgqueue migrate``).
+    """
+
+    def __init__(self, database_url: str | None = None, *, max_connections: int = 4) -> None:
+        self.database_url = resolve_database_url(database_url)
+        self._max = max_connections
+        self._pool: ConnectionPool[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _get_pool(self) -> ConnectionPool[Any]:
+        with self._lock:
+            if self._pool is None:
+                migrate.check(self.database_url)
+                pool: ConnectionPool[Any] = ConnectionPool(
+                    self.database_url,
+                    min_size=1,
+                    max_size=self._max,
+                    open=False,
+                    kwargs={"connect_timeout": 10},
+                )
+                try:
+                    pool.open(wait=True, timeout=15)
+                except psycopg.pool.PoolTimeout as exc:  # type: ignore[attr-defined]
+                    pool.close()
+                    raise DatabaseUnavailable(
+                        f"cannot connect to {redact(self.database_url)}: {exc}"
+                    ) from None
+                self._pool = pool
+            return self._pool
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a transaction that commits on success, rolls back on error."""
+        with self._get_pool().connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    enqueue = _in_transaction(operations.enqueue)
+    enqueue_many = _in_transaction(operations.enqueue_many)
+    get_task = _in_transaction(operations.get_task)
+    list_tasks = _in_transaction(operations.list_tasks)
+    cancel = _in_transaction(operations.cancel)
+    replay = _in_transaction(operations.replay)
+    discard = _in_transaction(operations.discard)
+    queue_stats = _in_transaction(operations.queue_stats)
+    sweep_expired = _in_transaction(operations.sweep_expired)
+    prune = _in_transaction(operations.prune)

@@ -1,0 +1,106 @@
+"""Settings from arguments and the environment, and database-URL validation.
+
+A URL given as an argument wins over ``PGQUEUE_DATABASE_URL``; with neither, pgqueue uses its
+embedded PostgreSQL (see :mod:`pgqueue.embedded`) so that a new user needs no server at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg.conninfo
+
+from pgqueue.errors import ConfigurationError, InvalidDatabaseURL
+
+ENV_DATABASE_URL = "PGQUEUE_DATABASE_URL"
+ENV_MAX_PAYLOAD_BYTES = "PGQUEUE_MAX_PAYLOAD_BYTES"
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_QUEUE = "default"
+MAX_NAME_LENGTH = 200
+
+_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg_async")
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced, for messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def validate_database_url(url: str) -> str:
+    """Return a libpq-ready URL, or raise InvalidDatabaseURL saying what is wrong with it.
+
+    SQLAlchemy spellings (``postgresql+psycopg://``) are accepted and normalised, so one
+    setting can serve pgqueue and an application's SQLAlchemy engine alike.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidDatabaseURL("database URL is empty")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise InvalidDatabaseURL(
+            f"database URL {redact(url)!r} has no scheme; expected postgresql://user@host:port/db"
+        )
+    if scheme not in _SCHEMES:
+        raise InvalidDatabaseURL(
+            f"database URL scheme {scheme!r} is not PostgreSQL; expected one of "
+            + ", ".join(f"{s}://" for s in _SCHEMES)
+        )
+    normalised = f"postgresql://{rest}"
+    try:
+        port = urlsplit(normalised).port  # raises on a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {exc}") from None
+    if port == 0:
+        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: port 0 is not valid")
+    try:
+        psycopg.conninfo.conninfo_to_dict(normalised)
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not understood"
+        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {reason}") from None
+    return normalised
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The same URL spelled for SQLAlchemy's psycopg 3 dialect."""
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", validate_database_url(url))
+
+
+def resolve_database_url(url: str | None) -> str:
+    """The argument, else ``PGQUEUE_DATABASE_URL``, else the embedded server (started if needed)."""
+    if url:
+        return validate_database_url(url)
+    env = os.environ.get(ENV_DATABASE_URL, "").strip()
+    if env:
+        try:
+            return validate_database_url(env)
+        except InvalidDatabaseURL as exc:
+            raise InvalidDatabaseURL(f"{ENV_DATABASE_URL}: {exc}") from None
+    from pgqueue import embedded
+
+    return embedded.database_url()
+
+
+def max_payload_bytes() -> int:
+    """The payload size limit: ``PGQUEUE_MAX_PAYLOAD_BYTES`` or 1 MiB."""
+    raw = os.environ.get(ENV_MAX_PAYLOAD_BYTES)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_MAX_PAYLOAD_BYTES} must be an integer, not {raw!r}"
+        ) from None
+    if value < 1:
+        raise ConfigurationError(f"{ENV_MAX_PAYLOAD_BYTES} must be positive, not {value}")
+    return value

@@ -1,0 +1,101 @@
+"""Where connections come from: the caller's, or one pgqueue opens from a URL.
+
+pgqueue never commits a connection it was given. A psycopg 3 connection is used as it is; a
+SQLAlchemy ``Session``/``Connection`` (sync or async, psycopg dialect) is unwrapped to the
+psycopg connection underneath, so the task is written in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgqueue.config import redact, validate_database_url
+from pgqueue.errors import DatabaseUnavailable, UnsupportedConnection
+
+_SUPPORTED = (
+    "a psycopg 3 Connection, or a SQLAlchemy Session/Connection using the "
+    "'postgresql+psycopg' dialect"
+)
+
+
+def _driver_connection(dbapi_conn: Any, what: str) -> Any:
+    driver = getattr(dbapi_conn, "driver_connection", dbapi_conn)
+    if not isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+        raise UnsupportedConnection(
+            f"{what} uses {type(driver).__module__}.{type(driver).__name__}; pgqueue needs "
+            f"{_SUPPORTED}"
+        )
+    return driver
+
+
+def sync_connection(conn: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection behind ``conn`` (psycopg or SQLAlchemy, sync)."""
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise UnsupportedConnection("an async connection needs pgqueue.aio, not pgqueue")
+    try:
+        from sqlalchemy.engine import Connection as SAConnection
+        from sqlalchemy.orm import Session
+    except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
+        SAConnection = Session = ()  # type: ignore[assignment,misc]
+    if isinstance(conn, Session):
+        conn = conn.connection()
+    if isinstance(conn, SAConnection):
+        driver = _driver_connection(conn.connection, "this SQLAlchemy connection")
+        if not isinstance(driver, psycopg.Connection):
+            raise UnsupportedConnection("an async driver connection needs pgqueue.aio")
+        return driver
+    raise UnsupportedConnection(
+        f"cannot use {type(conn).__name__} as a connection; pass {_SUPPORTED}"
+    )
+
+
+async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
+    """The psycopg async connection behind ``conn`` (psycopg or SQLAlchemy, async)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    if isinstance(conn, psycopg.Connection):
+        raise UnsupportedConnection("a sync connection needs pgqueue, not pgqueue.aio")
+    from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    if isinstance(conn, AsyncSession):
+        conn = await conn.connection()
+    if isinstance(conn, SAAsyncConnection):
+        raw = await conn.get_raw_connection()
+        driver = _driver_connection(raw, "this SQLAlchemy connection")
+        if not isinstance(driver, psycopg.AsyncConnection):
+            raise UnsupportedConnection("a sync driver connection needs pgqueue, not pgqueue.aio")
+        return driver
+    raise UnsupportedConnection(
+        f"cannot use {type(conn).__name__} as a connection; pass {_SUPPORTED}"
+    )
+
+
+def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a connection, turning connection failures into DatabaseUnavailable (no password)."""
+    url = validate_database_url(url)
+    try:
+        return psycopg.connect(url, autocommit=autocommit, connect_timeout=10, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot connect to {redact(url)}: {_first_line(exc)}") from None
+
+
+async def aconnect(
+    url: str, *, autocommit: bool = False, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
+    url = validate_database_url(url)
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=autocommit, connect_timeout=10, **kwargs
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot connect to {redact(url)}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

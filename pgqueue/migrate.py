@@ -1,0 +1,100 @@
+"""Running pgqueue's alembic revisions from code.
+
+The revisions ship inside the package (``pgqueue/_migrations`` in a wheel, ``migrations/`` in
+a checkout) and record their version in ``pgqueue.pgqueue_alembic_version``, apart from any
+alembic history the application keeps. An application with its own alembic can call
+:func:`upgrade` with its migration's connection (``op.get_bind()``) from one of its revisions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection
+
+from pgqueue.config import resolve_database_url, sqlalchemy_url
+from pgqueue.errors import SchemaNotReady
+
+SCHEMA = "pgqueue"
+VERSION_TABLE = "pgqueue_alembic_version"
+
+
+def migrations_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_migrations", here.parent / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise SchemaNotReady(f"pgqueue's migrations are not installed next to {here}")
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head() -> str:
+    """The newest revision this version of pgqueue knows."""
+    script = ScriptDirectory.from_config(alembic_config())
+    rev = script.get_current_head()
+    assert rev is not None
+    return rev
+
+
+def _with_connection(target: Connection | str | None, fn: Any) -> Any:
+    if isinstance(target, Connection):
+        return fn(target)
+    engine = create_engine(sqlalchemy_url(resolve_database_url(target)))
+    try:
+        with engine.begin() as conn:
+            return fn(conn)
+    finally:
+        engine.dispose()
+
+
+def current(target: Connection | str | None = None) -> str | None:
+    """The revision the database is at, or None when pgqueue was never migrated there."""
+
+    def read(conn: Connection) -> str | None:
+        exists = conn.execute(
+            text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.{VERSION_TABLE}"}
+        ).scalar()
+        if exists is None:
+            return None
+        ctx = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "version_table_schema": SCHEMA}
+        )
+        return ctx.get_current_revision()
+
+    return _with_connection(target, read)  # type: ignore[no-any-return]
+
+
+def upgrade(target: Connection | str | None = None, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (default: head). Idempotent."""
+    _with_connection(target, lambda conn: command.upgrade(alembic_config(conn), revision))
+
+
+def downgrade(target: Connection | str | None = None, revision: str = "base") -> None:
+    _with_connection(target, lambda conn: command.downgrade(alembic_config(conn), revision))
+
+
+def check(target: Connection | str | None = None) -> None:
+    """Raise SchemaNotReady unless the database is at this pgqueue's head revision."""
+    at, want = current(target), head()
+    if at is None:
+        raise SchemaNotReady(
+            "the pgqueue schema is not installed in this database; run `pgqueue migrate`"
+        )
+    if at != want:
+        raise SchemaNotReady(
+            f"the pgqueue schema is at revision {at} but this pgqueue needs {want}; "
+            "run `pgqueue migrate`"
+        )

@@ -1,0 +1,251 @@
+"""The task and its vocabulary: statuses, priorities, retry policy and outcomes.
+
+This module imports nothing else from pgqueue except errors; everything else builds on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pgqueue.errors import InvalidPriority, ValidationError
+
+
+class TaskStatus(enum.StrEnum):
+    """Where a task is in its life, and who moves it on.
+
+    - ``queued``: waiting until ``visible_after``; a worker's claim moves it to running,
+      a cancel to cancelled.
+    - ``running``: a worker holds its lease; that worker completes, fails or releases it,
+      and the expired-lease sweep takes it back if the worker disappears.
+    - ``completed``: the handler returned; final until pruned.
+    - ``failed``: attempts spent; this is the dead-letter queue. An operator replays
+      (back to queued, fresh attempts) or discards it.
+    - ``cancelled``: cancelled before it ran (or cooperatively while running); final.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class Priority(enum.IntEnum):
+    """Named priorities stored as numbers: lower runs first, and levels can be added between."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+    @classmethod
+    def parse(cls, value: object) -> Priority:
+        """Accept a Priority, its name (any case) or its number; anything else is an error."""
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.strip().upper()]
+            except KeyError:
+                raise InvalidPriority(value) from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                raise InvalidPriority(value) from None
+        raise InvalidPriority(value)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter and a cap.
+
+    The n-th retry waits ``min(cap, base * factor ** (n - 1))`` seconds, of which a random part
+    (up to half) is taken off so that tasks failing together do not retry together.
+    The defaults (3 attempts, 1 s, x2, capped at 300 s) suit transient failures of a
+    downstream service; raise ``max_attempts`` and ``cap`` for longer outages.
+    """
+
+    max_attempts: int = 3
+    base: float = 1.0
+    factor: float = 2.0
+    cap: float = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ValidationError("max_attempts", f"must be an integer, not {self.max_attempts!r}")
+        if self.max_attempts < 1:
+            raise ValidationError("max_attempts", f"must be at least 1, not {self.max_attempts}")
+        if self.base < 0:
+            raise ValidationError("backoff_base", f"must be >= 0, not {self.base}")
+        if self.factor < 1:
+            raise ValidationError("backoff_factor", f"must be >= 1, not {self.factor}")
+        if self.cap < 0:
+            raise ValidationError("backoff_cap", f"must be >= 0, not {self.cap}")
+
+    def max_delay(self, attempt: int) -> float:
+        """The longest wait after failed attempt number ``attempt`` (1-based)."""
+        return float(min(self.cap, self.base * self.factor ** max(attempt - 1, 0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A snapshot of one row of ``pgqueue.tasks``."""
+
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: dict[str, Any]
+    priority: Priority
+    status: TaskStatus
+    attempts: int
+    max_attempts: int
+    visible_after: datetime
+    idempotency_key: str | None
+    result: Any
+    last_error: str | None
+    cancel_requested: bool
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Task:
+        return cls(
+            id=row["id"],
+            queue=row["queue"],
+            type=row["type"],
+            payload=row["payload"],
+            priority=Priority(row["priority"]),
+            status=TaskStatus(row["status"]),
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            visible_after=row["visible_after"],
+            idempotency_key=row["idempotency_key"],
+            result=row["result"],
+            last_error=row["last_error"],
+            cancel_requested=row["cancel_requested"],
+            lease_owner=row["lease_owner"],
+            lease_expires_at=row["lease_expires_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (ids and times as strings, priority and status by name)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, uuid.UUID):
+                value = str(value)
+            elif isinstance(value, Priority):
+                value = value.label
+            elif isinstance(value, TaskStatus):
+                value = value.value
+            out["task_id" if f.name == "id" else f.name] = value
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EnqueueResult:
+    """What an enqueue returns: the task, and whether this call created it.
+
+    ``created`` is False when the idempotency key was already used; ``task`` is then the
+    original task, with its current status and, once finished, its result.
+    """
+
+    task: Task
+    created: bool
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.task.id
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """Proof that a worker holds a task: the fence every outcome write checks."""
+
+    task_id: uuid.UUID
+    token: uuid.UUID
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedTask:
+    """A task handed to a worker by a claim, with the lease that lets it record an outcome."""
+
+    id: uuid.UUID
+    queue: str
+    type: str
+    payload: dict[str, Any]
+    priority: Priority
+    attempts: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    lease_expires_at: datetime
+    created_at: datetime
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.lease_token)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+class FailOutcome(enum.StrEnum):
+    """What a recorded failure did to the task."""
+
+    RETRYING = "retrying"
+    DEAD = "dead"
+
+
+@dataclasses.dataclass(frozen=True)
+class FailResult:
+    task_id: uuid.UUID
+    outcome: FailOutcome
+    attempts: int
+    retry_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """Counts of an expired-lease sweep: tasks requeued, and tasks dead-lettered."""
+
+    requeued: list[uuid.UUID]
+    dead: list[uuid.UUID]
+
+    @property
+    def total(self) -> int:
+        return len(self.requeued) + len(self.dead)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStats:
+    """One row of the depth view: a queue, a priority and a status."""
+
+    queue: str
+    priority: str
+    status: str
+    tasks: int
+    ready: int
+    scheduled: int
+    oldest_ready_age_seconds: float | None

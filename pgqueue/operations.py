@@ -1,0 +1,306 @@
+"""The core API on a caller's connection (sync). ``pgqueue.aio`` mirrors it for async code.
+
+Every function takes the connection first: a psycopg 3 ``Connection`` or a SQLAlchemy 2
+``Session``/``Connection``. None of them commits: the caller's transaction decides. Pass
+``now=`` only in tests, to control the clock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pgqueue import queries
+from pgqueue.enqueue import prepare
+from pgqueue.errors import TaskNotFound, ValidationError
+from pgqueue.models import (
+    ClaimedTask,
+    EnqueueResult,
+    FailResult,
+    Lease,
+    QueueStats,
+    SweepResult,
+    Task,
+    TaskStatus,
+)
+from pgqueue.queries import HeartbeatResult, TaskSpec, run
+
+DAY = 24 * 3600.0
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_COMPLETED_RETENTION = DAY
+DEFAULT_DEAD_RETENTION = 14 * DAY
+MAX_BATCH = 10_000
+
+
+def parse_task_id(task_id: uuid.UUID | str) -> uuid.UUID:
+    """A task id from a UUID or its text; anything else is an unknown task."""
+    if isinstance(task_id, uuid.UUID):
+        return task_id
+    try:
+        return uuid.UUID(str(task_id).strip())
+    except ValueError:
+        raise TaskNotFound(task_id) from None
+
+
+def parse_status(status: TaskStatus | str | None) -> TaskStatus | None:
+    if status is None or isinstance(status, TaskStatus):
+        return status
+    try:
+        return TaskStatus(str(status).strip().lower())
+    except ValueError:
+        choices = ", ".join(s.value for s in TaskStatus)
+        raise ValidationError(
+            "status", f"unknown status {status!r}; expected one of {choices}"
+        ) from None
+
+
+def check_limit(limit: int, field: str = "limit", maximum: int = MAX_BATCH) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
+        raise ValidationError(field, f"must be an integer from 1 to {maximum}, not {limit!r}")
+    return limit
+
+
+def as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
+    """Accept a prepared TaskSpec or a dict of enqueue's keyword arguments."""
+    if isinstance(item, TaskSpec):
+        return item
+    if isinstance(item, Mapping):
+        if "type" not in item:
+            raise ValidationError("type", "is required")
+        return prepare(**item)
+    raise ValidationError(
+        "tasks", f"items must be dicts or pgqueue.prepare(...), not {type(item).__name__}"
+    )
+
+
+def list_args(
+    status: TaskStatus | str | None,
+    type: str | None,
+    queue: str | None,
+    limit: int,
+    before: Task | tuple[datetime, uuid.UUID] | None,
+) -> dict[str, Any]:
+    cursor = (before.created_at, before.id) if isinstance(before, Task) else before
+    return {
+        "status": parse_status(status),
+        "type": type,
+        "queue": queue,
+        "limit": check_limit(limit),
+        "before": cursor,
+    }
+
+
+def _results(results: Iterable[tuple[Lease, Any]]) -> list[tuple[Lease, str | None]]:
+    return [(lease, None if value is None else queries.dumps(value)) for lease, value in results]
+
+
+# --- producing -------------------------------------------------------------------------------
+
+
+def enqueue(
+    conn: Any, /, type: str, payload: Mapping[str, Any] | None = None, **options: Any
+) -> EnqueueResult:
+    """Submit one task in the caller's transaction.
+
+    Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
+    ``idempotency_key``, ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``,
+    ``retry`` (a RetryPolicy). With an idempotency key that was already used, nothing is
+    inserted and the original task comes back with ``created=False``.
+    """
+    now = options.pop("now", None)
+    task, created = run(conn, queries.task_insert(prepare(type, payload, **options), now))
+    return EnqueueResult(task, created)
+
+
+def enqueue_many(
+    conn: Any, /, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
+) -> list[EnqueueResult]:
+    """Submit many tasks in one statement; results come back in the order given.
+
+    Items are ``pgqueue.prepare(...)`` results or dicts of enqueue's arguments. Every item is
+    validated before anything is written, so one bad item rejects the whole batch.
+    """
+    specs = [as_spec(item) for item in tasks]
+    return [EnqueueResult(t, c) for t, c in run(conn, queries.task_insert_many(specs, now))]
+
+
+# --- inspecting and operating ----------------------------------------------------------------
+
+
+def get_task(conn: Any, /, task_id: uuid.UUID | str) -> Task:
+    """The task with this id; TaskNotFound for an unknown (or malformed) id."""
+    return run(conn, queries.task_get(parse_task_id(task_id)))
+
+
+def list_tasks(
+    conn: Any,
+    /,
+    *,
+    status: TaskStatus | str | None = None,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 50,
+    before: Task | tuple[datetime, uuid.UUID] | None = None,
+) -> list[Task]:
+    """Tasks newest first; pass the last task of a page as ``before`` for the next page."""
+    return run(conn, queries.task_list(**list_args(status, type, queue, limit, before)))
+
+
+def cancel(conn: Any, /, task_id: uuid.UUID | str, *, now: datetime | None = None) -> Task:
+    """Cancel a task.
+
+    A queued (or scheduled) task becomes ``cancelled`` and will never run. A running task
+    cannot be stopped from outside safely, so it is flagged: its handler sees
+    ``context.should_stop()`` turn true and may raise ``Cancel``; if it completes anyway, the
+    result stands. A finished task raises InvalidTaskState.
+    """
+    return run(conn, queries.task_cancel(parse_task_id(task_id), now))
+
+
+def replay(
+    conn: Any,
+    /,
+    ids: Sequence[uuid.UUID | str] | None = None,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 1000,
+    now: datetime | None = None,
+) -> list[uuid.UUID]:
+    """Move dead letters (by id, or all matching the filters) back to queued with fresh attempts.
+
+    Works in batches of at most ``limit``; call again until it returns an empty list to replay
+    more. Returns the ids replayed.
+    """
+    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    return run(conn, queries.task_replay(parsed, type, queue, check_limit(limit), now))
+
+
+def discard(
+    conn: Any,
+    /,
+    ids: Sequence[uuid.UUID | str] | None = None,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    limit: int = 1000,
+) -> list[uuid.UUID]:
+    """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids."""
+    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    return run(conn, queries.task_discard(parsed, type, queue, check_limit(limit)))
+
+
+def queue_stats(conn: Any) -> list[QueueStats]:
+    """Depth per queue, priority and status, with the age of the oldest ready task."""
+    return run(conn, queries.queue_depth())
+
+
+# --- working (what a worker calls) -----------------------------------------------------------
+
+
+def claim(
+    conn: Any,
+    /,
+    queues: Sequence[str],
+    *,
+    limit: int,
+    worker_id: str,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    now: datetime | None = None,
+) -> list[ClaimedTask]:
+    """Claim up to ``limit`` ready tasks: marks them running, counts the attempt, sets a lease.
+
+    Commit promptly: the claim's row locks are held until the transaction ends.
+    """
+    if lease_seconds <= 0:
+        raise ValidationError("lease_seconds", f"must be positive, not {lease_seconds}")
+    return run(
+        conn,
+        queries.task_claim(
+            queues=list(queues),
+            limit=check_limit(limit),
+            owner=worker_id,
+            lease_seconds=lease_seconds,
+            now=now,
+        ),
+    )
+
+
+def complete(
+    conn: Any, /, lease: Lease, result: Any = None, *, now: datetime | None = None
+) -> None:
+    """Record success; raises LeaseLost (and writes nothing) if the lease is no longer held."""
+    run(conn, queries.task_complete(lease, _results([(lease, result)])[0][1], now))
+
+
+def complete_many(
+    conn: Any, /, results: Iterable[tuple[Lease, Any]], *, now: datetime | None = None
+) -> set[uuid.UUID]:
+    """Record many successes in one statement; returns the ids whose lease was still held."""
+    return run(conn, queries.task_complete_many(_results(results), now))
+
+
+def fail(
+    conn: Any,
+    /,
+    lease: Lease,
+    error: str,
+    *,
+    retry_after: float | None = None,
+    now: datetime | None = None,
+) -> FailResult:
+    """Record a failed attempt: retried after backoff (or ``retry_after`` seconds), or
+    dead-lettered when attempts are spent. Raises LeaseLost if the lease is no longer held."""
+    return run(conn, queries.task_fail(lease, error, retry_after, now))
+
+
+def cancel_leased(conn: Any, /, lease: Lease, reason: str, *, now: datetime | None = None) -> None:
+    """The holder cancels its own task (a handler raised Cancel): final, not retried."""
+    run(conn, queries.task_cancel_leased(lease, reason, now))
+
+
+def heartbeat(
+    conn: Any,
+    /,
+    leases: Sequence[Lease],
+    *,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    now: datetime | None = None,
+) -> HeartbeatResult:
+    """Extend leases still held; the result lists them and any cancellation requests."""
+    return run(conn, queries.task_heartbeat(leases, lease_seconds, now))
+
+
+def release(
+    conn: Any, /, leases: Sequence[Lease], *, now: datetime | None = None
+) -> set[uuid.UUID]:
+    """Give tasks back without counting the attempt (graceful shutdown)."""
+    return run(conn, queries.task_release(leases, now))
+
+
+def sweep_expired(conn: Any, /, *, limit: int = 1000, now: datetime | None = None) -> SweepResult:
+    """Requeue (or dead-letter) running tasks whose lease expired; one batch per call."""
+    return run(conn, queries.task_sweep_expired(check_limit(limit), now))
+
+
+def prune(
+    conn: Any,
+    /,
+    *,
+    completed_after: float = DEFAULT_COMPLETED_RETENTION,
+    dead_after: float = DEFAULT_DEAD_RETENTION,
+    limit: int = 1000,
+    now: datetime | None = None,
+) -> int:
+    """Delete completed/cancelled tasks older than ``completed_after`` seconds and dead letters
+    older than ``dead_after``; at most ``limit`` of each per call. Returns how many went."""
+    check_limit(limit)
+    done = run(
+        conn,
+        queries.task_prune(
+            [TaskStatus.COMPLETED, TaskStatus.CANCELLED], completed_after, limit, now
+        ),
+    )
+    return done + run(conn, queries.task_prune([TaskStatus.FAILED], dead_after, limit, now))

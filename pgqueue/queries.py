@@ -1,0 +1,459 @@
+"""The only module that executes SQL.
+
+Each operation is written once, as a generator that yields :class:`Query` objects and receives
+their rows (a "sans-IO" operation). :func:`run` drives it on a sync psycopg connection and
+:func:`arun` on an async one, so sync and async callers share every line of logic and SQL.
+The SQL itself lives in ``sql/tasks.sql``, one named statement each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import uuid
+from collections.abc import Generator, Mapping, Sequence
+from datetime import datetime
+from importlib import resources
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgqueue import db
+from pgqueue.errors import DatabaseUnavailable, LeaseLost, SchemaNotReady, TaskNotFound
+from pgqueue.models import (
+    ClaimedTask,
+    FailOutcome,
+    FailResult,
+    Lease,
+    Priority,
+    QueueStats,
+    SweepResult,
+    Task,
+    TaskStatus,
+)
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    name: str
+    params: Mapping[str, Any]
+
+
+Op = Generator[Query, list[Row], T]
+
+
+@functools.cache
+def statements() -> dict[str, str]:
+    """Named statements from sql/tasks.sql."""
+    text = resources.files("pgqueue.sql").joinpath("tasks.sql").read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for chunk in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+        name, _, body = chunk.partition("\n")
+        out[name.strip()] = body.strip()
+    return out
+
+
+_MISSING_SCHEMA = (
+    "the pgqueue schema is missing or out of date in this database ({detail}); "
+    "run `pgqueue migrate` (or pgqueue.migrate.upgrade()) first"
+)
+
+
+def _translate(exc: psycopg.Error) -> Exception | None:
+    if isinstance(
+        exc,
+        psycopg.errors.UndefinedTable
+        | psycopg.errors.UndefinedFunction
+        | psycopg.errors.InvalidSchemaName,
+    ):
+        return SchemaNotReady(_MISSING_SCHEMA.format(detail=db._first_line(exc)))
+    if isinstance(exc, psycopg.errors.UndefinedColumn):
+        return SchemaNotReady(_MISSING_SCHEMA.format(detail=db._first_line(exc)))
+    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+        return DatabaseUnavailable(f"lost the database connection: {db._first_line(exc)}")
+    return None
+
+
+def run(conn: Any, op: Op[T]) -> T:
+    """Drive ``op`` on a sync connection (psycopg or SQLAlchemy). Never commits."""
+    raw = db.sync_connection(conn)
+    sql = statements()
+    try:
+        query = next(op)
+        while True:
+            with raw.cursor(row_factory=dict_row) as cur:
+                try:
+                    cur.execute(sql[query.name], query.params)
+                except psycopg.Error as exc:
+                    translated = _translate(exc)
+                    if translated is None:
+                        raise
+                    raise translated from exc
+                rows = cur.fetchall() if cur.description is not None else []
+            query = op.send(rows)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def arun(conn: Any, op: Op[T]) -> T:
+    """Drive ``op`` on an async connection (psycopg or SQLAlchemy). Never commits."""
+    raw = await db.async_connection(conn)
+    sql = statements()
+    try:
+        query = next(op)
+        while True:
+            async with raw.cursor(row_factory=dict_row) as cur:
+                try:
+                    await cur.execute(sql[query.name], query.params)
+                except psycopg.Error as exc:
+                    translated = _translate(exc)
+                    if translated is None:
+                        raise
+                    raise translated from exc
+                rows = await cur.fetchall() if cur.description is not None else []
+            query = op.send(rows)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """A validated task, ready to insert (built by pgqueue.enqueue.prepare)."""
+
+    id: uuid.UUID
+    type: str
+    payload_json: str
+    priority: Priority
+    queue: str
+    max_attempts: int
+    backoff_base: float
+    backoff_factor: float
+    backoff_cap: float
+    idempotency_key: str | None
+    run_at: datetime | None
+    delay_seconds: float
+
+
+def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, bool]]:
+    rows = yield Query(
+        "task_insert",
+        {
+            "id": spec.id,
+            "queue": spec.queue,
+            "type": spec.type,
+            "payload": spec.payload_json,
+            "priority": int(spec.priority),
+            "max_attempts": spec.max_attempts,
+            "backoff_base": spec.backoff_base,
+            "backoff_factor": spec.backoff_factor,
+            "backoff_cap": spec.backoff_cap,
+            "idempotency_key": spec.idempotency_key,
+            "run_at": spec.run_at,
+            "delay": spec.delay_seconds,
+            "now": now,
+        },
+    )
+    if rows:
+        return Task.from_row(rows[0]), True
+    # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
+    # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
+    rows = yield Query("task_get_by_keys", {"keys": [spec.idempotency_key]})
+    if not rows:  # the winner rolled back between our two statements: insert again
+        return (yield from task_insert(spec, now))
+    return Task.from_row(rows[0]), False
+
+
+def task_insert_many(
+    specs: Sequence[TaskSpec], now: datetime | None = None
+) -> Op[list[tuple[Task, bool]]]:
+    if not specs:
+        return []
+    rows = yield Query(
+        "task_insert_many",
+        {
+            "ids": [s.id for s in specs],
+            "queues": [s.queue for s in specs],
+            "types": [s.type for s in specs],
+            "payloads": [s.payload_json for s in specs],
+            "priorities": [int(s.priority) for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+            "backoff_bases": [s.backoff_base for s in specs],
+            "backoff_factors": [s.backoff_factor for s in specs],
+            "backoff_caps": [s.backoff_cap for s in specs],
+            "idempotency_keys": [s.idempotency_key for s in specs],
+            "run_ats": [s.run_at for s in specs],
+            "delays": [s.delay_seconds for s in specs],
+            "now": now,
+        },
+    )
+    inserted = {row["id"]: Task.from_row(row) for row in rows}
+    existing: dict[str, Task] = {}
+    missing_keys = [s.idempotency_key for s in specs if s.id not in inserted and s.idempotency_key]
+    if missing_keys:
+        for row in (yield Query("task_get_by_keys", {"keys": missing_keys})):
+            existing[row["idempotency_key"]] = Task.from_row(row)
+    out: list[tuple[Task, bool]] = []
+    for s in specs:
+        if s.id in inserted:
+            out.append((inserted[s.id], True))
+        elif s.idempotency_key in existing:
+            # Either an older task, or an earlier spec of this same batch with the same key.
+            task = existing[s.idempotency_key]
+            out.append((task, False))
+        else:  # the key's holder vanished (rolled back) between statements: insert it alone
+            out.append((yield from task_insert(s, now)))
+    queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
+    if queues:
+        yield Query("queue_notify", {"queues": queues})
+    return out
+
+
+def task_get(task_id: uuid.UUID) -> Op[Task]:
+    rows = yield Query("task_get", {"id": task_id})
+    if not rows:
+        raise TaskNotFound(task_id)
+    return Task.from_row(rows[0])
+
+
+def task_list(
+    *,
+    status: TaskStatus | None,
+    type: str | None,
+    queue: str | None,
+    limit: int,
+    before: tuple[datetime, uuid.UUID] | None,
+) -> Op[list[Task]]:
+    rows = yield Query(
+        "task_list",
+        {
+            "status": status.value if status else None,
+            "type": type,
+            "queue": queue,
+            "limit": limit,
+            "before_created": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        },
+    )
+    return [Task.from_row(r) for r in rows]
+
+
+def task_claim(
+    *,
+    queues: Sequence[str],
+    limit: int,
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> Op[list[ClaimedTask]]:
+    rows = yield Query(
+        "task_claim",
+        {
+            "queues": list(queues),
+            "limit": limit,
+            "owner": owner,
+            "lease_seconds": lease_seconds,
+            "now": now,
+        },
+    )
+    tasks = [
+        ClaimedTask(
+            id=r["id"],
+            queue=r["queue"],
+            type=r["type"],
+            payload=r["payload"],
+            priority=Priority(r["priority"]),
+            attempts=r["attempts"],
+            max_attempts=r["max_attempts"],
+            lease_token=r["lease_token"],
+            lease_expires_at=r["lease_expires_at"],
+            created_at=r["created_at"],
+        )
+        for r in rows
+    ]
+    # UPDATE ... RETURNING does not keep the CTE's order; restore it for the caller.
+    tasks.sort(key=lambda t: (t.priority, t.created_at))
+    return tasks
+
+
+def task_complete_many(
+    results: Sequence[tuple[Lease, str | None]], now: datetime | None = None
+) -> Op[set[uuid.UUID]]:
+    """Complete many tasks; returns the ids whose lease was still held (the others are lost)."""
+    if not results:
+        return set()
+    rows = yield Query(
+        "task_complete",
+        {
+            "ids": [lease.task_id for lease, _ in results],
+            "tokens": [lease.token for lease, _ in results],
+            "results": [result for _, result in results],
+            "now": now,
+        },
+    )
+    return {r["id"] for r in rows}
+
+
+def task_complete(lease: Lease, result_json: str | None, now: datetime | None = None) -> Op[None]:
+    done = yield from task_complete_many([(lease, result_json)], now)
+    if lease.task_id not in done:
+        raise LeaseLost(lease.task_id)
+
+
+def task_fail(
+    lease: Lease, error: str, delay: float | None = None, now: datetime | None = None
+) -> Op[FailResult]:
+    rows = yield Query(
+        "task_fail",
+        {"id": lease.task_id, "token": lease.token, "error": error, "delay": delay, "now": now},
+    )
+    if not rows:
+        raise LeaseLost(lease.task_id)
+    row = rows[0]
+    dead = row["status"] == TaskStatus.FAILED
+    return FailResult(
+        task_id=row["id"],
+        outcome=FailOutcome.DEAD if dead else FailOutcome.RETRYING,
+        attempts=row["attempts"],
+        retry_at=None if dead else row["visible_after"],
+    )
+
+
+def task_cancel_leased(lease: Lease, reason: str, now: datetime | None = None) -> Op[None]:
+    rows = yield Query(
+        "task_cancel_leased",
+        {"id": lease.task_id, "token": lease.token, "reason": reason, "now": now},
+    )
+    if not rows:
+        raise LeaseLost(lease.task_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatResult:
+    """Leases still held (with their new expiry) and tasks whose cancellation was requested."""
+
+    held: dict[uuid.UUID, datetime]
+    cancel_requested: set[uuid.UUID]
+
+
+def task_heartbeat(
+    leases: Sequence[Lease], lease_seconds: float, now: datetime | None = None
+) -> Op[HeartbeatResult]:
+    if not leases:
+        return HeartbeatResult({}, set())
+    rows = yield Query(
+        "task_heartbeat",
+        {
+            "ids": [lease.task_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "lease_seconds": lease_seconds,
+            "now": now,
+        },
+    )
+    return HeartbeatResult(
+        held={r["id"]: r["lease_expires_at"] for r in rows},
+        cancel_requested={r["id"] for r in rows if r["cancel_requested"]},
+    )
+
+
+def task_release(leases: Sequence[Lease], now: datetime | None = None) -> Op[set[uuid.UUID]]:
+    if not leases:
+        return set()
+    rows = yield Query(
+        "task_release",
+        {
+            "ids": [lease.task_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "now": now,
+        },
+    )
+    queues = sorted({r["queue"] for r in rows})
+    if queues:
+        yield Query("queue_notify", {"queues": queues})
+    return {r["id"] for r in rows}
+
+
+def task_sweep_expired(limit: int, now: datetime | None = None) -> Op[SweepResult]:
+    rows = yield Query("task_sweep_expired", {"limit": limit, "now": now})
+    return SweepResult(
+        requeued=[r["id"] for r in rows if r["status"] == TaskStatus.QUEUED],
+        dead=[r["id"] for r in rows if r["status"] == TaskStatus.FAILED],
+    )
+
+
+def task_cancel(task_id: uuid.UUID, now: datetime | None = None) -> Op[Task]:
+    rows = yield Query("task_cancel", {"id": task_id, "now": now})
+    if rows:
+        return Task.from_row(rows[0])
+    task = yield from task_get(task_id)  # raises TaskNotFound
+    from pgqueue.errors import InvalidTaskState
+
+    raise InvalidTaskState(task_id, task.status.value, "cannot cancel a finished task")
+
+
+def _dead_letter_filter(
+    ids: Sequence[uuid.UUID] | None, type: str | None, queue: str | None, limit: int
+) -> dict[str, Any]:
+    return {
+        "ids": list(ids) if ids is not None else None,
+        "type": type,
+        "queue": queue,
+        "limit": limit,
+    }
+
+
+def task_replay(
+    ids: Sequence[uuid.UUID] | None,
+    type: str | None,
+    queue: str | None,
+    limit: int,
+    now: datetime | None = None,
+) -> Op[list[uuid.UUID]]:
+    rows = yield Query("task_replay", {**_dead_letter_filter(ids, type, queue, limit), "now": now})
+    queues = sorted({r["queue"] for r in rows})
+    if queues:
+        yield Query("queue_notify", {"queues": queues})
+    return [r["id"] for r in rows]
+
+
+def task_discard(
+    ids: Sequence[uuid.UUID] | None, type: str | None, queue: str | None, limit: int
+) -> Op[list[uuid.UUID]]:
+    rows = yield Query("task_discard", _dead_letter_filter(ids, type, queue, limit))
+    return [r["id"] for r in rows]
+
+
+def task_prune(
+    statuses: Sequence[TaskStatus],
+    older_than_seconds: float,
+    limit: int,
+    now: datetime | None = None,
+) -> Op[int]:
+    rows = yield Query(
+        "task_prune",
+        {
+            "statuses": [s.value for s in statuses],
+            "older_than_seconds": older_than_seconds,
+            "limit": limit,
+            "now": now,
+        },
+    )
+    return len(rows)
+
+
+def queue_depth() -> Op[list[QueueStats]]:
+    rows = yield Query("queue_depth", {})
+    return [QueueStats(**r) for r in rows]
+
+
+def dumps(value: Any) -> str:
+    """JSON for jsonb columns: compact, and strict about NaN (PostgreSQL rejects it)."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)

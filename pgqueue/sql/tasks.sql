@@ -1,0 +1,244 @@
+-- Every statement pgqueue runs, by name. Each starts with "-- name: NAME" and a line saying why.
+-- Parameters use psycopg's %(name)s style; %(now)s is NULL in production and a fixed time in
+-- tests, so tests control the clock instead of sleeping.
+
+-- name: task_insert
+-- One task; with a taken idempotency key nothing is inserted and no row comes back.
+-- pg_notify is transactional: idle workers wake only if (and when) the caller commits.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+inserted AS (
+    INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                               backoff_factor, backoff_cap, idempotency_key, visible_after,
+                               created_at)
+    SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+           %(backoff_base)s, %(backoff_factor)s, %(backoff_cap)s, %(idempotency_key)s,
+           coalesce(%(run_at)s::timestamptz, clock.now + %(delay)s * interval '1 second'),
+           clock.now
+      FROM clock
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+)
+SELECT inserted.*,
+       CASE WHEN inserted.visible_after <= clock.now
+            THEN pg_notify('pgqueue', inserted.queue) END AS notified
+  FROM inserted, clock;
+
+-- name: task_insert_many
+-- Many tasks in one statement (arrays, one element per task); taken keys are skipped.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                           backoff_factor, backoff_cap, idempotency_key, visible_after,
+                           created_at)
+SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority, v.max_attempts, v.backoff_base,
+       v.backoff_factor, v.backoff_cap, v.idempotency_key,
+       coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now
+  FROM clock,
+       unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
+              %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
+              %(backoff_factors)s::real[], %(backoff_caps)s::real[],
+              %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
+              %(delays)s::double precision[])
+       AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
+            backoff_cap, idempotency_key, run_at, delay)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: queue_notify
+-- Wake idle workers of these queues (once per queue, after a bulk insert).
+SELECT pg_notify('pgqueue', q) FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: task_get
+SELECT * FROM pgqueue.tasks WHERE id = %(id)s;
+
+-- name: task_get_by_keys
+-- The existing tasks behind idempotency keys that an insert found taken.
+SELECT * FROM pgqueue.tasks WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: task_list
+-- Newest first, with keyset pagination on (created_at, id) so deep pages stay cheap.
+SELECT * FROM pgqueue.tasks
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(before_created)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_created)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: task_claim
+-- The heart of the queue. The CTE picks the next visible tasks in (priority, created_at)
+-- order and SKIP LOCKED lets concurrent claimers pass each other's rows instead of waiting;
+-- doing it in a CTE stops the planner from updating more rows than LIMIT. Each claim counts an
+-- attempt and issues a fresh lease token, so a previous holder's writes are fenced off.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+next AS (
+    SELECT id FROM pgqueue.tasks, clock
+     WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND visible_after <= clock.now
+     ORDER BY priority, created_at
+     LIMIT %(limit)s
+     FOR UPDATE OF tasks SKIP LOCKED
+)
+UPDATE pgqueue.tasks AS t
+   SET status = 'running',
+       attempts = t.attempts + 1,
+       lease_owner = %(owner)s,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
+       started_at = clock.now
+  FROM next, clock
+ WHERE t.id = next.id
+RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
+          t.lease_token, t.lease_expires_at, t.created_at;
+
+-- name: task_complete
+-- Record results for many tasks at once, each only where the caller still holds the lease.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = 'completed', result = v.result::jsonb, finished_at = clock.now,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::text[]) AS v(id, token, result)
+ WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_fail
+-- A failed attempt: queued again after a backoff, or dead-lettered when attempts are spent.
+-- An explicit delay (a handler's Retry(after=...)) replaces the computed backoff.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
+       visible_after = CASE WHEN t.attempts >= t.max_attempts THEN t.visible_after
+                            ELSE clock.now + coalesce(%(delay)s::double precision,
+                                   pgqueue.retry_delay(t.attempts, t.backoff_base,
+                                                       t.backoff_factor, t.backoff_cap))
+                                 * interval '1 second' END,
+       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock.now END,
+       last_error = left(%(error)s, 8000),
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM clock
+ WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
+RETURNING t.id, t.status, t.attempts, t.visible_after;
+
+-- name: task_cancel_leased
+-- A handler asked to cancel its own task: final, no retry.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = 'cancelled', finished_at = clock.now, last_error = left(%(reason)s, 8000),
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM clock
+ WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_heartbeat
+-- Extend the leases the caller still holds; the answer says which are still held and
+-- whether someone asked for cooperative cancellation.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second'
+  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
+ WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+RETURNING t.id, t.cancel_requested, t.lease_expires_at;
+
+-- name: task_release
+-- Hand tasks back untouched (graceful shutdown): queued at once, the attempt not counted.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = 'queued', attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
+       started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
+ WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+RETURNING t.id, t.queue;
+
+-- name: task_sweep_expired
+-- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
+-- The lost run counts as an attempt, so a task that kills its worker every time ends in the
+-- dead-letter queue instead of looping forever.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+expired AS (
+    SELECT id FROM pgqueue.tasks, clock
+     WHERE status = 'running' AND lease_expires_at < clock.now
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+     FOR UPDATE OF tasks SKIP LOCKED
+)
+UPDATE pgqueue.tasks AS t
+   SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
+       visible_after = CASE WHEN t.attempts >= t.max_attempts THEN t.visible_after
+                            ELSE clock.now + pgqueue.retry_delay(t.attempts, t.backoff_base,
+                                   t.backoff_factor, t.backoff_cap) * interval '1 second' END,
+       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock.now END,
+       last_error = format('lease expired on attempt %%s of %%s: worker %%s stopped renewing it '
+                           '(crashed, killed, hung or disconnected)',
+                           t.attempts, t.max_attempts, coalesce(t.lease_owner, '?')),
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM expired, clock
+ WHERE t.id = expired.id
+RETURNING t.id, t.status;
+
+-- name: task_cancel
+-- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
+-- handler sees the flag through its context (cooperative cancellation).
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
+       finished_at = CASE WHEN t.status = 'queued' THEN clock.now ELSE t.finished_at END,
+       cancel_requested = true
+  FROM clock
+ WHERE t.id = %(id)s AND t.status IN ('queued', 'running')
+RETURNING t.*;
+
+-- name: task_replay
+-- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+picked AS (
+    SELECT id FROM pgqueue.tasks
+     WHERE status = 'failed'
+       AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+       AND (%(type)s::text IS NULL OR type = %(type)s)
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+     ORDER BY finished_at
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue.tasks AS t
+   SET status = 'queued', attempts = 0, visible_after = clock.now, finished_at = NULL,
+       started_at = NULL, result = NULL, cancel_requested = false
+  FROM picked, clock
+ WHERE t.id = picked.id
+RETURNING t.id, t.queue;
+
+-- name: task_discard
+-- Delete dead letters, by id or by filter, one batch at a time.
+WITH picked AS (
+    SELECT id FROM pgqueue.tasks
+     WHERE status = 'failed'
+       AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
+       AND (%(type)s::text IS NULL OR type = %(type)s)
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue.tasks AS t USING picked WHERE t.id = picked.id
+RETURNING t.id;
+
+-- name: task_prune
+-- Delete finished tasks older than their retention, in bounded batches so no statement holds
+-- many locks or writes one huge transaction. Idempotency keys go with their task.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+doomed AS (
+    SELECT id FROM pgqueue.tasks, clock
+     WHERE status = ANY(%(statuses)s::text[])
+       AND finished_at < clock.now - %(older_than_seconds)s * interval '1 second'
+     LIMIT %(limit)s
+     FOR UPDATE OF tasks SKIP LOCKED
+)
+DELETE FROM pgqueue.tasks AS t USING doomed WHERE t.id = doomed.id
+RETURNING t.id;
+
+-- name: queue_depth
+SELECT queue, priority, status, tasks, ready, scheduled,
+       extract(epoch FROM oldest_ready_age)::double precision AS oldest_ready_age_seconds
+  FROM pgqueue.queue_depth
+ ORDER BY queue, status, priority;
+
+-- name: schema_version
+SELECT version_num FROM pgqueue.pgqueue_alembic_version;
