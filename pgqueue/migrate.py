@@ -17,8 +17,10 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.pool import NullPool
 
-from pgqueue.config import resolve_database_url, sqlalchemy_url
+from pgqueue import db
+from pgqueue.config import resolve_database_url
 from pgqueue.errors import SchemaNotReady
 
 SCHEMA = "pgqueue"
@@ -52,7 +54,12 @@ def head() -> str:
 def _with_connection(target: Connection | str | None, fn: Any) -> Any:
     if isinstance(target, Connection):
         return fn(target)
-    engine = create_engine(sqlalchemy_url(resolve_database_url(target)))
+    url = resolve_database_url(target)
+    # Connect through pgqueue.db so an unreachable server is a DatabaseUnavailable that names
+    # the server (without its password), not a SQLAlchemy traceback.
+    engine = create_engine(
+        "postgresql+psycopg://", creator=lambda: db.connect(url), poolclass=NullPool
+    )
     try:
         with engine.begin() as conn:
             return fn(conn)
