@@ -8,6 +8,8 @@ alembic history the application keeps. An application with its own alembic can c
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +86,48 @@ def current(target: Connection | str | None = None) -> str | None:
     return _with_connection(target, read)  # type: ignore[no-any-return]
 
 
+@contextlib.contextmanager
+def _preserve_callers_alembic() -> Iterator[None]:
+    """Keep an enclosing alembic run working when ours runs inside one of its revisions.
+
+    alembic exposes the running migration through module-level proxies (``alembic.context``,
+    ``alembic.op``); a nested run replaces them and clears them when it ends, which would
+    break every ``op.*`` call the application's revision makes after ours.
+    """
+    import alembic.context
+    import alembic.op
+
+    saved = [
+        proxy
+        for proxy in (getattr(alembic.context, "_proxy", None), getattr(alembic.op, "_proxy", None))
+        if proxy is not None
+    ]
+    try:
+        yield
+    finally:
+        for proxy in saved:
+            proxy._install_proxy()
+
+
 def upgrade(target: Connection | str | None = None, revision: str = "head") -> None:
-    """Bring the schema to ``revision`` (default: head). Idempotent."""
-    _with_connection(target, lambda conn: command.upgrade(alembic_config(conn), revision))
+    """Bring the schema to ``revision`` (default: head). Idempotent.
+
+    From an application's own alembic revision: ``pgqueue.migrate.upgrade(op.get_bind())``.
+    """
+
+    def run(conn: Connection) -> None:
+        with _preserve_callers_alembic():
+            command.upgrade(alembic_config(conn), revision)
+
+    _with_connection(target, run)
 
 
 def downgrade(target: Connection | str | None = None, revision: str = "base") -> None:
-    _with_connection(target, lambda conn: command.downgrade(alembic_config(conn), revision))
+    def run(conn: Connection) -> None:
+        with _preserve_callers_alembic():
+            command.downgrade(alembic_config(conn), revision)
+
+    _with_connection(target, run)
 
 
 def check(target: Connection | str | None = None) -> None:

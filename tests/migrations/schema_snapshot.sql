@@ -1,0 +1,144 @@
+-- The pgqueue schema as `alembic upgrade head` (`pgqueue migrate`) leaves an empty database.
+-- Generated from the system catalogs by tests/migrations/snapshot.py: do not edit by hand.
+-- Regenerate after adding a migration (the URL may name any database on the server):
+--     python tests/migrations/snapshot.py postgresql://USER@HOST:PORT/DBNAME
+-- View definitions are shown without column qualifiers (PostgreSQL 16+ omits them, 15 not).
+
+CREATE SCHEMA pgqueue;
+
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0001_tasks
+
+CREATE TABLE pgqueue.pgqueue_alembic_version (
+    version_num character varying(32) NOT NULL
+);
+ALTER TABLE pgqueue.pgqueue_alembic_version ADD CONSTRAINT pgqueue_alembic_version_pkc PRIMARY KEY (version_num);
+CREATE UNIQUE INDEX pgqueue_alembic_version_pkc ON pgqueue.pgqueue_alembic_version USING btree (version_num);
+
+CREATE TABLE pgqueue.tasks (
+    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    queue text NOT NULL DEFAULT 'default'::text,
+    type text NOT NULL,
+    payload jsonb NOT NULL,
+    priority smallint NOT NULL DEFAULT 1,
+    status text NOT NULL DEFAULT 'queued'::text,
+    attempts integer NOT NULL DEFAULT 0,
+    max_attempts integer NOT NULL DEFAULT 3,
+    backoff_base real NOT NULL DEFAULT 1,
+    backoff_factor real NOT NULL DEFAULT 2,
+    backoff_cap real NOT NULL DEFAULT 300,
+    visible_after timestamp with time zone NOT NULL DEFAULT now(),
+    idempotency_key text,
+    lease_owner text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    result jsonb,
+    last_error text,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone
+) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_lease_check CHECK (((status = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200)));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
+CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at) WHERE (status = 'queued'::text);
+CREATE INDEX tasks_finished_idx ON pgqueue.tasks USING btree (status, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
+CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
+
+-- pgqueue.dead_letters reads pgqueue.tasks: attempts, created_at, finished_at, id, idempotency_key, last_error, max_attempts, payload, priority, queue, status, type
+CREATE VIEW pgqueue.dead_letters (
+    id uuid,
+    queue text,
+    type text,
+    priority text,
+    attempts integer,
+    max_attempts integer,
+    last_error text,
+    payload jsonb,
+    idempotency_key text,
+    created_at timestamp with time zone,
+    finished_at timestamp with time zone
+) AS
+ SELECT id,
+    queue,
+    type,
+    pgqueue.priority_name(priority) AS priority,
+    attempts,
+    max_attempts,
+    last_error,
+    payload,
+    idempotency_key,
+    created_at,
+    finished_at
+   FROM pgqueue.tasks
+  WHERE status = 'failed'::text;
+
+-- pgqueue.queue_depth reads pgqueue.tasks: priority, queue, status, visible_after
+CREATE VIEW pgqueue.queue_depth (
+    queue text,
+    priority text,
+    status text,
+    tasks bigint,
+    ready bigint,
+    scheduled bigint,
+    oldest_ready_age interval
+) AS
+ SELECT queue,
+    pgqueue.priority_name(priority) AS priority,
+    status,
+    count(*) AS tasks,
+    count(*) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS ready,
+    count(*) FILTER (WHERE status = 'queued'::text AND visible_after > now()) AS scheduled,
+    now() - min(visible_after) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
+   FROM pgqueue.tasks
+  GROUP BY queue, priority, status;
+
+-- pgqueue.running_tasks reads pgqueue.tasks: attempts, cancel_requested, id, lease_expires_at, lease_owner, max_attempts, priority, queue, started_at, status, type
+CREATE VIEW pgqueue.running_tasks (
+    id uuid,
+    queue text,
+    type text,
+    priority text,
+    attempts integer,
+    max_attempts integer,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    lease_expired boolean,
+    started_at timestamp with time zone,
+    running_for interval,
+    cancel_requested boolean
+) AS
+ SELECT id,
+    queue,
+    type,
+    pgqueue.priority_name(priority) AS priority,
+    attempts,
+    max_attempts,
+    lease_owner,
+    lease_expires_at,
+    lease_expires_at < now() AS lease_expired,
+    started_at,
+    now() - started_at AS running_for,
+    cancel_requested
+   FROM pgqueue.tasks
+  WHERE status = 'running'::text;
+
+CREATE OR REPLACE FUNCTION pgqueue.priority_name(p smallint)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN CASE p WHEN 0 THEN 'high'::text WHEN 1 THEN 'normal'::text WHEN 2 THEN 'low'::text ELSE (p)::text END;
+
+CREATE OR REPLACE FUNCTION pgqueue.retry_delay(attempts integer, base real, factor real, cap real)
+ RETURNS double precision
+ LANGUAGE sql
+ PARALLEL SAFE
+RETURN (LEAST((cap)::double precision, ((base)::double precision * power((factor)::double precision, (GREATEST((attempts - 1), 0))::double precision))) * ((1.0)::double precision - (random() * (0.5)::double precision)));
