@@ -61,6 +61,7 @@ from pgqueue.operations import (
     release,
     replay,
     sweep_expired,
+    throughput,
 )
 
 __version__ = "0.1.0"
@@ -110,4 +111,5 @@ __all__ = [
     "release",
     "replay",
     "sweep_expired",
+    "throughput",
 ]

@@ -31,10 +31,11 @@ from pgqueue.operations import (
     _results,
     as_spec,
     check_limit,
+    check_window,
     list_args,
     parse_task_id,
 )
-from pgqueue.queries import HeartbeatResult, TaskSpec, arun
+from pgqueue.queries import HeartbeatResult, QueueThroughput, TaskSpec, arun
 
 
 async def enqueue(
@@ -104,6 +105,13 @@ async def discard(
 
 async def queue_stats(conn: Any) -> list[QueueStats]:
     return await arun(conn, queries.queue_depth())
+
+
+async def throughput(
+    conn: Any, /, *, window_seconds: float = 60, now: datetime | None = None
+) -> list[QueueThroughput]:
+    """See :func:`pgqueue.throughput`."""
+    return await arun(conn, queries.queue_throughput(check_window(window_seconds), now))
 
 
 async def claim(

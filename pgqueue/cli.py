@@ -1,16 +1,33 @@
-"""The ``pgqueue`` command line: thin over the library, with tables for people and --json."""
+"""The ``pgqueue`` command line: thin over the library, with tables for people and --json.
+
+Each command parses its arguments, calls :mod:`pgqueue.operations` on a connection from a
+:class:`~pgqueue.client.Client`, and formats the answer; there is no SQL here. Errors are one
+line on stderr: usage errors (bad arguments, values the library rejects) exit with 2, every
+other error with 1; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import enum
+import itertools
 import json
 import sys
-from typing import Annotated, Any
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Annotated, Any, TextIO
 
 import typer
 
 from pgqueue import migrate as migrate_mod
-from pgqueue.config import redact, resolve_database_url
-from pgqueue.errors import PgQueueError
+from pgqueue import operations as ops
+from pgqueue.client import Client
+from pgqueue.config import DEFAULT_QUEUE, redact, resolve_database_url
+from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound, ValidationError
+from pgqueue.formatting import MISSING, age, headline, key_values, table, timestamp
+from pgqueue.models import Task, TaskStatus
 
 app = typer.Typer(
     help="pgqueue: a job queue that lives in PostgreSQL.",
@@ -18,6 +35,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+dlq_app = typer.Typer(
+    help="The dead-letter queue: tasks whose attempts are spent (status 'failed').",
+    no_args_is_help=True,
+)
+app.add_typer(dlq_app, name="dlq")
 
 
 class State:
@@ -30,6 +52,19 @@ class State:
 
 
 state = State()
+
+
+class UsageProblem(typer.BadParameter):
+    """A usage error about how options combine rather than one value (exit code 2)."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+class PriorityName(enum.StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
 
 
 @app.callback()
@@ -53,6 +88,575 @@ def main_options(
 
 def emit(data: Any, human: str) -> None:
     typer.echo(json.dumps(data, default=str) if state.json else human)
+
+
+@contextlib.contextmanager
+def open_client() -> Iterator[Client]:
+    """A client on one pooled connection; each ``client.connection()`` block commits."""
+    with Client(state.url(), max_connections=1) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def connection() -> Iterator[Any]:
+    """One connection in one transaction, committed when the block ends."""
+    with open_client() as client, client.connection() as conn:
+        yield conn
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+TypeFilter = Annotated[str | None, typer.Option("--type", help="Only tasks of this type.")]
+QueueFilter = Annotated[str | None, typer.Option("--queue", help="Only tasks of this queue.")]
+Limit = Annotated[
+    int, typer.Option("--limit", min=1, max=ops.MAX_BATCH, help="Show at most this many.")
+]
+TaskIdArg = Annotated[str, typer.Argument(metavar="TASK_ID", help="The task's id.")]
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number"
+
+
+def _reject_constant(name: str) -> Any:
+    raise typer.BadParameter(f"{name} is not valid JSON", param_hint="'--payload'")
+
+
+def parse_payload(text: str) -> dict[str, Any]:
+    """The --payload option: a JSON object, or a usage error naming what is wrong and where."""
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(
+            f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+            f"(character {exc.pos + 1})",
+            param_hint="'--payload'",
+        ) from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(
+            f"must be a JSON object such as '{{\"order_id\": 42}}', not {_json_kind(value)}",
+            param_hint="'--payload'",
+        )
+    return value
+
+
+def parse_time(text: str, option: str) -> datetime:
+    """An ISO 8601 time that says its timezone (``Z`` or an offset)."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+00:00",
+            param_hint=f"'{option}'",
+        ) from None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise typer.BadParameter(
+            f"{text!r} has no timezone; add one, e.g. {value.isoformat()}Z (UTC) or "
+            f"{value.isoformat()}+02:00",
+            param_hint=f"'{option}'",
+        )
+    return value
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def _json_text(value: Any, limit: int | None = None) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    if limit is not None and len(text) > limit:
+        return f"{text[:limit]}… ({len(text)} characters; --json shows all)"
+    return text
+
+
+def describe(task: Task) -> str:
+    status = task.status.value
+    if task.status is TaskStatus.RUNNING and task.cancel_requested:
+        status += " (cancellation requested)"
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("type", task.type),
+        ("queue", task.queue),
+        ("priority", task.priority.label),
+        ("status", status),
+        ("attempts", f"{task.attempts}/{task.max_attempts}"),
+    ]
+    if task.idempotency_key is not None:
+        pairs.append(("idempotency key", task.idempotency_key))
+    pairs += [
+        ("payload", _json_text(task.payload, 1000)),
+        ("result", MISSING if task.result is None else _json_text(task.result, 1000)),
+        ("last error", task.last_error or MISSING),
+        ("created", timestamp(task.created_at)),
+    ]
+    if task.status is TaskStatus.QUEUED:
+        pairs.append(("run at", timestamp(task.visible_after)))
+    pairs += [("started", timestamp(task.started_at)), ("finished", timestamp(task.finished_at))]
+    if task.status is TaskStatus.RUNNING:
+        pairs.append(
+            ("lease", f"{task.lease_owner or '?'} until {timestamp(task.lease_expires_at)}")
+        )
+    return key_values(pairs)
+
+
+def task_table(tasks: Sequence[Task]) -> str:
+    return table(
+        ["ID", "TYPE", "QUEUE", "PRIORITY", "STATUS", "ATTEMPTS", "CREATED"],
+        [
+            [
+                str(t.id),
+                t.type,
+                t.queue,
+                t.priority.label,
+                t.status.value,
+                f"{t.attempts}/{t.max_attempts}",
+                t.created_at,
+            ]
+            for t in tasks
+        ],
+    )
+
+
+def _more_hint(shown: int, limit: int) -> str:
+    return f"\n(the newest {limit} shown; raise --limit to see more)" if shown == limit else ""
+
+
+# --- producing and inspecting ------------------------------------------------------------------
+
+
+@app.command()
+def enqueue(
+    task_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="The task type (the name of its handler).")
+    ],
+    payload: Annotated[
+        str,
+        typer.Option("--payload", metavar="JSON", help="The task's arguments, a JSON object."),
+    ] = "{}",
+    priority: Annotated[
+        PriorityName, typer.Option("--priority", case_sensitive=False, help="Priority.")
+    ] = PriorityName.NORMAL,
+    queue: Annotated[str, typer.Option("--queue", help="The queue to put it on.")] = DEFAULT_QUEUE,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Submit at most once per key: a repeat returns the existing task.",
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None,
+        typer.Option("--delay", min=0.0, metavar="SECONDS", help="Run no sooner than this."),
+    ] = None,
+    run_at: Annotated[
+        str | None,
+        typer.Option(
+            "--run-at",
+            metavar="ISO8601",
+            help="Run no sooner than this time, with a timezone: 2030-01-31T09:00:00Z.",
+        ),
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", min=1, help="Attempts before dead-lettering (3)."),
+    ] = None,
+) -> None:
+    """Submit a task."""
+    if delay is not None and run_at is not None:
+        raise UsageProblem("give --delay or --run-at, not both")
+    data = parse_payload(payload)
+    when = parse_time(run_at, "--run-at") if run_at is not None else None
+    with connection() as conn:
+        result = ops.enqueue(
+            conn,
+            task_type,
+            data,
+            priority=priority.value,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            run_at=when,
+            delay=delay,
+            max_attempts=max_attempts,
+        )
+    task = result.task
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("status", task.status.value),
+        ("created", timestamp(task.created_at)),
+    ]
+    if task.status is TaskStatus.QUEUED and task.visible_after > task.created_at:
+        pairs.append(("run at", timestamp(task.visible_after)))
+    if not result.created:
+        pairs.append(
+            (
+                "note",
+                f"existing task returned: idempotency key {idempotency_key!r} was already used",
+            )
+        )
+    emit({**task.to_dict(), "created": result.created}, key_values(pairs))
+
+
+@app.command()
+def status(task_id: TaskIdArg) -> None:
+    """Show one task: status, attempts, result, last error and timestamps."""
+    with connection() as conn:
+        task = ops.get_task(conn, task_id)
+    emit(task.to_dict(), describe(task))
+
+
+@app.command("list")
+def list_tasks(
+    status: Annotated[
+        TaskStatus | None,
+        typer.Option("--status", case_sensitive=False, help="Only tasks in this status."),
+    ] = None,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    limit: Limit = 50,
+) -> None:
+    """List tasks, newest first."""
+    with connection() as conn:
+        tasks = ops.list_tasks(conn, status=status, type=task_type, queue=queue, limit=limit)
+    human = task_table(tasks) + _more_hint(len(tasks), limit) if tasks else "no tasks"
+    emit([t.to_dict() for t in tasks], human)
+
+
+@app.command()
+def cancel(task_id: TaskIdArg) -> None:
+    """Cancel a task: a queued one at once, a running one by asking its handler to stop."""
+    with connection() as conn:
+        task = ops.cancel(conn, task_id)
+    if task.status is TaskStatus.CANCELLED:
+        human = f"cancelled task {task.id}"
+    else:
+        human = (
+            f"cancellation requested for running task {task.id}: its handler is asked to stop "
+            "(cooperative); if it finishes first, its outcome stands"
+        )
+    emit(task.to_dict(), human)
+
+
+@app.command()
+def stats(
+    window: Annotated[
+        float,
+        typer.Option(
+            "--window", min=1.0, metavar="SECONDS", help="Throughput over the last SECONDS."
+        ),
+    ] = 60.0,
+) -> None:
+    """Queue depth by queue, priority and status; tasks finished in the last minute."""
+    with connection() as conn:
+        depth = ops.queue_stats(conn)
+        finished = ops.throughput(conn, window_seconds=window)
+    parts = [
+        table(
+            ["QUEUE", "PRIORITY", "STATUS", "TASKS", "READY", "SCHEDULED", "OLDEST READY"],
+            [
+                [
+                    s.queue,
+                    s.priority,
+                    s.status,
+                    s.tasks,
+                    s.ready,
+                    s.scheduled,
+                    age(s.oldest_ready_age_seconds),
+                ]
+                for s in depth
+            ],
+        )
+        if depth
+        else "no tasks",
+        "",
+        f"finished in the last {window:g}s:",
+        table(
+            ["QUEUE", "COMPLETED", "FAILED"],
+            [[t.queue, t.completed, t.failed] for t in finished],
+        )
+        if finished
+        else "none",
+    ]
+    emit(
+        {
+            "depth": [dataclasses.asdict(s) for s in depth],
+            "throughput": [dataclasses.asdict(t) for t in finished],
+            "window_seconds": window,
+        },
+        "\n".join(parts),
+    )
+
+
+# --- the dead-letter queue ---------------------------------------------------------------------
+
+
+@dlq_app.command("list")
+def dlq_list(task_type: TypeFilter = None, queue: QueueFilter = None, limit: Limit = 50) -> None:
+    """List dead letters, newest first."""
+    with connection() as conn:
+        tasks = ops.list_tasks(
+            conn, status=TaskStatus.FAILED, type=task_type, queue=queue, limit=limit
+        )
+    human = (
+        table(
+            ["ID", "TYPE", "QUEUE", "ATTEMPTS", "FINISHED", "LAST ERROR"],
+            [
+                [
+                    str(t.id),
+                    t.type,
+                    t.queue,
+                    f"{t.attempts}/{t.max_attempts}",
+                    t.finished_at,
+                    headline(t.last_error, 60) if t.last_error else MISSING,
+                ]
+                for t in tasks
+            ],
+        )
+        + _more_hint(len(tasks), limit)
+        if tasks
+        else "no dead letters"
+    )
+    emit([t.to_dict() for t in tasks], human)
+
+
+@dlq_app.command("show")
+def dlq_show(task_id: TaskIdArg) -> None:
+    """Show a dead letter in full: payload, last error, attempts."""
+    with connection() as conn:
+        task = ops.get_task(conn, task_id)
+    if task.status is not TaskStatus.FAILED:
+        raise InvalidTaskState(
+            task.id, task.status.value, f"not a dead letter; `pgqueue status {task.id}` shows it"
+        )
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("type", task.type),
+        ("queue", task.queue),
+        ("priority", task.priority.label),
+        ("attempts", f"{task.attempts}/{task.max_attempts}"),
+        ("created", timestamp(task.created_at)),
+        ("failed", timestamp(task.finished_at)),
+    ]
+    if task.idempotency_key is not None:
+        pairs.append(("idempotency key", task.idempotency_key))
+    pairs += [
+        ("payload", json.dumps(task.payload, indent=2, ensure_ascii=False)),
+        ("last error", task.last_error or MISSING),
+    ]
+    emit(task.to_dict(), key_values(pairs))
+
+
+IdsArg = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="[ID]...", help="Dead letters by id.", show_default=False),
+]
+AllFlag = Annotated[bool, typer.Option("--all", help="Every dead letter.")]
+BatchSize = Annotated[
+    int,
+    typer.Option("--batch-size", min=1, max=ops.MAX_BATCH, help="Tasks per transaction."),
+]
+
+
+def _check_selection(ids: Sequence[str], everything: bool, filtered: bool, verb: str) -> None:
+    if ids and (everything or filtered):
+        raise UsageProblem(f"give task ids or --all/--type/--queue to {verb}, not both")
+    if everything and filtered:
+        raise UsageProblem(f"--all {verb}s every dead letter; leave it out to filter")
+    if not (ids or everything or filtered):
+        raise UsageProblem(
+            f"say which dead letters to {verb}: task ids, --all, or --type TYPE [--queue QUEUE]"
+        )
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    return stream.isatty()
+
+
+@contextlib.contextmanager
+def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal (and not --json); yields ``advance(n)``."""
+    if state.json or not _is_terminal(sys.stderr):
+        yield lambda n: None
+        return
+    if total is None:  # unknown length: a bar that moves, with the count so far
+        bar = typer.progressbar(itertools.repeat(0), label=label, show_pos=True, file=sys.stderr)
+    else:
+        bar = typer.progressbar(length=total, label=label, show_pos=True, file=sys.stderr)
+    with bar:
+        yield bar.update
+
+
+def _dead_letter_count(client: Client, queue: str | None) -> int:
+    with client.connection() as conn:
+        depth = ops.queue_stats(conn)
+    return sum(s.tasks for s in depth if s.status == TaskStatus.FAILED and queue in (None, s.queue))
+
+
+def _in_batches(
+    client: Client,
+    action: Callable[..., list[uuid.UUID]],
+    ids: Sequence[uuid.UUID] | None,
+    task_type: str | None,
+    queue: str | None,
+    batch_size: int,
+    advance: Callable[[int], None],
+) -> list[uuid.UUID]:
+    """Call ``action`` (ops.replay or ops.discard) one transaction per batch until done."""
+    done: dict[uuid.UUID, None] = {}
+    if ids is not None:
+        for start in range(0, len(ids), ops.MAX_BATCH):
+            chunk = ids[start : start + ops.MAX_BATCH]
+            with client.connection() as conn:
+                batch = action(conn, chunk, limit=len(chunk))
+            done.update(dict.fromkeys(batch))
+            advance(len(chunk))
+        return list(done)
+    while True:
+        with client.connection() as conn:
+            batch = action(conn, type=task_type, queue=queue, limit=batch_size)
+        if not batch:
+            break
+        # A replayed task that fails for good again while we work comes back in a later batch;
+        # stop there, or a fast-failing queue would keep this loop going forever.
+        wrapped = any(task_id in done for task_id in batch)
+        fresh = [task_id for task_id in batch if task_id not in done]
+        done.update(dict.fromkeys(fresh))
+        advance(len(fresh))
+        if wrapped:
+            break
+    return list(done)
+
+
+def _missing(client: Client, wanted: Sequence[uuid.UUID], done: Sequence[uuid.UUID]) -> list[str]:
+    """Why each of ``wanted`` is not in ``done``: its status, or that it does not exist."""
+    seen = set(done)
+    out = []
+    with client.connection() as conn:
+        for task_id in wanted:
+            if task_id in seen:
+                continue
+            try:
+                out.append(f"{task_id} (status {ops.get_task(conn, task_id).status.value!r})")
+            except TaskNotFound:
+                out.append(f"{task_id} (no such task)")
+    return out
+
+
+def _dead_letter_action(
+    verb: str,
+    past: str,
+    action: Callable[..., list[uuid.UUID]],
+    client: Client,
+    task_ids: Sequence[str],
+    task_type: str | None,
+    queue: str | None,
+    batch_size: int,
+    total: int | None,
+) -> None:
+    ids = list(dict.fromkeys(ops.parse_task_id(i) for i in task_ids)) if task_ids else None
+    if ids is not None:
+        total = len(ids)
+    with _progress(total, f"{verb}ing dead letters") as advance:
+        done = _in_batches(client, action, ids, task_type, queue, batch_size, advance)
+    missing = _missing(client, ids, done) if ids is not None else []
+    data: dict[str, Any] = {past: len(done), "ids": [str(i) for i in done]}
+    if missing:
+        data["not_" + past] = missing
+    noun = "dead letter" if len(done) == 1 else "dead letters"
+    emit(data, f"{past} {len(done)} {noun}")
+    if missing:
+        raise PgQueueError(
+            f"{len(missing)} of {len(ids or [])} tasks were not {past} (not dead letters): "
+            + ", ".join(missing)
+        )
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    task_ids: IdsArg = None,
+    everything: AllFlag = False,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    batch_size: BatchSize = 1000,
+) -> None:
+    """Move dead letters back to queued with fresh attempts: by id, --all, or --type/--queue."""
+    filtered = task_type is not None or queue is not None
+    _check_selection(task_ids or [], everything, filtered, "replay")
+    with open_client() as client:
+        total = None
+        if not task_ids and task_type is None and not state.json and _is_terminal(sys.stderr):
+            total = _dead_letter_count(client, queue)
+        _dead_letter_action(
+            "replay",
+            "replayed",
+            ops.replay,
+            client,
+            task_ids or [],
+            task_type,
+            queue,
+            batch_size,
+            total,
+        )
+
+
+def _confirm(question: str) -> bool:
+    """Ask on stderr (stdout stays clean for --json); end the line when stdin is not a
+    terminal, since the answer read from it is not echoed."""
+    try:
+        return typer.confirm(question, err=True)
+    finally:
+        if not _is_terminal(sys.stdin):
+            typer.echo("", err=True)
+
+
+@dlq_app.command("discard")
+def dlq_discard(
+    task_ids: IdsArg = None,
+    everything: AllFlag = False,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    batch_size: BatchSize = 1000,
+) -> None:
+    """Delete dead letters for good: by id, --all, or --type/--queue. Asks first unless --yes."""
+    filtered = task_type is not None or queue is not None
+    _check_selection(task_ids or [], everything, filtered, "discard")
+    with open_client() as client:
+        total = None
+        if not task_ids and task_type is None:
+            total = _dead_letter_count(client, queue)
+        if not yes and total != 0:
+            if task_ids:
+                what = f"{len(set(task_ids))} dead letter(s)"
+            elif total is not None:
+                what = f"all {total} dead letter(s)" + (f" of queue {queue!r}" if queue else "")
+            else:
+                what = f"every dead letter of type {task_type!r}" + (
+                    f" in queue {queue!r}" if queue else ""
+                )
+            if not _confirm(f"Permanently delete {what}?"):
+                typer.echo("aborted: nothing was discarded", err=True)
+                raise typer.Exit(1)
+        _dead_letter_action(
+            "discard",
+            "discarded",
+            ops.discard,
+            client,
+            task_ids or [],
+            task_type,
+            queue,
+            batch_size,
+            total,
+        )
+
+
+# --- schema ------------------------------------------------------------------------------------
 
 
 @app.command()
@@ -80,24 +684,54 @@ def migrate(
     )
 
 
+# --- worker and demo ---------------------------------------------------------------------------
+# `pgqueue worker` and `pgqueue demo` belong here; they are written separately.
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _fail(message: str, code: int) -> None:
+    typer.secho(f"error: {_one_line(message)}", fg=typer.colors.RED, err=True)
+    sys.exit(code)
+
+
 def main() -> None:
     """Entry point: one readable line per error, a traceback only with --debug."""
     try:
-        app()  # standalone: typer reports usage errors itself and exits 2
+        # Not standalone: usage errors come back here instead of typer's multi-line boxes.
+        code = app(prog_name="pgqueue", standalone_mode=False)
+    except typer.TyperException as exc:  # usage errors (exit code 2)
+        exit_code = getattr(exc, "exit_code", 2)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help has been printed
+            sys.exit(exit_code)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        # typer validates some values with pydantic, whose messages start "Value error, ".
+        message = exc.format_message().replace("Value error, ", "")
+        _fail(message + hint, exit_code)
+    except ValidationError as exc:  # a value the library refused is a usage error too
+        if state.debug:
+            raise
+        _fail(str(exc), 2)
     except PgQueueError as exc:
         if state.debug:
             raise
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(1)
+        _fail(str(exc), 1)
+    except typer.Abort:
+        _fail("aborted", 1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:
         if state.debug:
             raise
-        typer.secho(f"error: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
-        typer.echo("(run with --debug for the traceback)", err=True)
-        sys.exit(1)
+        _fail(f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", 1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Every function takes the connection first: a psycopg 3 ``Connection`` or a SQLAl
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -25,7 +26,7 @@ from pgqueue.models import (
     Task,
     TaskStatus,
 )
-from pgqueue.queries import HeartbeatResult, TaskSpec, run
+from pgqueue.queries import HeartbeatResult, QueueThroughput, TaskSpec, run
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -60,6 +61,19 @@ def check_limit(limit: int, field: str = "limit", maximum: int = MAX_BATCH) -> i
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
         raise ValidationError(field, f"must be an integer from 1 to {maximum}, not {limit!r}")
     return limit
+
+
+def check_window(window_seconds: float) -> float:
+    if (
+        isinstance(window_seconds, bool)
+        or not isinstance(window_seconds, int | float)
+        or not math.isfinite(window_seconds)
+        or window_seconds <= 0
+    ):
+        raise ValidationError(
+            "window_seconds", f"must be a positive number of seconds, not {window_seconds!r}"
+        )
+    return float(window_seconds)
 
 
 def as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
@@ -195,6 +209,13 @@ def discard(
 def queue_stats(conn: Any) -> list[QueueStats]:
     """Depth per queue, priority and status, with the age of the oldest ready task."""
     return run(conn, queries.queue_depth())
+
+
+def throughput(
+    conn: Any, /, *, window_seconds: float = 60, now: datetime | None = None
+) -> list[QueueThroughput]:
+    """Per queue, the tasks completed and dead-lettered in the last ``window_seconds``."""
+    return run(conn, queries.queue_throughput(check_window(window_seconds), now))
 
 
 # --- working (what a worker calls) -----------------------------------------------------------

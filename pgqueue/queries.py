@@ -454,6 +454,27 @@ def queue_depth() -> Op[list[QueueStats]]:
     return [QueueStats(**r) for r in rows]
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueThroughput:
+    """Tasks of one queue that finished within a time window: completed and dead-lettered."""
+
+    queue: str
+    completed: int
+    failed: int
+
+
+def queue_throughput(
+    window_seconds: float, now: datetime | None = None
+) -> Op[list[QueueThroughput]]:
+    rows = yield Query("queue_throughput", {"window_seconds": window_seconds, "now": now})
+    return [QueueThroughput(**r) for r in rows]
+
+
 def dumps(value: Any) -> str:
     """JSON for jsonb columns: compact, and strict about NaN (PostgreSQL rejects it)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def maintenance_try_lock() -> Op[bool]:
+    rows = yield Query("maintenance_try_lock", {})
+    return bool(rows[0]["locked"])

@@ -240,5 +240,26 @@ SELECT queue, priority, status, tasks, ready, scheduled,
   FROM pgqueue.queue_depth
  ORDER BY queue, status, priority;
 
+-- name: queue_throughput
+-- Tasks of each queue that finished within the window ending now: completed, and
+-- dead-lettered (failed). The status condition lets tasks_finished_idx serve it; cancelled
+-- tasks are not counted, so a queue with only cancellations in the window has no row.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+SELECT queue,
+       count(*) FILTER (WHERE status = 'completed') AS completed,
+       count(*) FILTER (WHERE status = 'failed') AS failed
+  FROM pgqueue.tasks, clock
+ WHERE status IN ('completed', 'failed')
+   AND finished_at >= clock.now - %(window_seconds)s * interval '1 second'
+   AND finished_at <= clock.now
+ GROUP BY queue
+ ORDER BY queue;
+
 -- name: schema_version
 SELECT version_num FROM pgqueue.pgqueue_alembic_version;
+
+-- name: maintenance_try_lock
+-- One maintenance runner per database at a time: a transaction-level advisory lock, so it is
+-- released at commit and never outlives a batch (and works behind PgBouncer's transaction mode).
+-- The key is fixed: hashtext('pgqueue.maintenance').
+SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.maintenance')::bigint) AS locked;
