@@ -20,6 +20,7 @@ from pgqueue.models import (
     FailResult,
     Lease,
     QueueStats,
+    RetryPolicy,
     SweepResult,
     Task,
     TaskStatus,
@@ -155,9 +156,10 @@ async def fail(
     error: str,
     *,
     retry_after: float | None = None,
+    policy: RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> FailResult:
-    return await arun(conn, queries.task_fail(lease, error, retry_after, now))
+    return await arun(conn, queries.task_fail(lease, error, retry_after, now, policy))
 
 
 async def cancel_leased(

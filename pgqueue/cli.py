@@ -21,7 +21,6 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
-from pgqueue import migrate as migrate_mod
 from pgqueue import operations as ops
 from pgqueue.client import Client
 from pgqueue.config import DEFAULT_QUEUE, redact, resolve_database_url
@@ -666,6 +665,8 @@ def migrate(
     ] = False,
 ) -> None:
     """Create or upgrade the pgqueue schema (idempotent)."""
+    from pgqueue import migrate as migrate_mod  # alembic is slow to import: only here
+
     url = state.url()
     before = migrate_mod.current(url)
     head = migrate_mod.head()
@@ -685,7 +686,121 @@ def migrate(
 
 
 # --- worker and demo ---------------------------------------------------------------------------
-# `pgqueue worker` and `pgqueue demo` belong here; they are written separately.
+
+
+@app.command()
+def worker(
+    registry: Annotated[
+        str,
+        typer.Argument(
+            help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry "
+            "(e.g. app.tasks:tasks)."
+        ),
+    ],
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", help="Queue to work on (repeatable; default: default)."),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Tasks run at once per process.")
+    ] = 10,
+    processes: Annotated[
+        int, typer.Option("--processes", "-p", min=1, help="Worker processes to run and supervise.")
+    ] = 1,
+    lease_seconds: Annotated[
+        float, typer.Option(min=1, help="Visibility timeout; renewed by heartbeat while running.")
+    ] = 30.0,
+    grace_period: Annotated[
+        float, typer.Option(min=0, help="On SIGTERM, seconds to let running tasks finish.")
+    ] = 30.0,
+    poll_interval: Annotated[
+        float, typer.Option(min=0.01, help="Seconds between polls when no NOTIFY arrives.")
+    ] = 1.0,
+    maintenance: Annotated[
+        bool, typer.Option(help="Run the lease sweep and retention pruning in this worker.")
+    ] = True,
+    sweep_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between sweeps.")] = 5.0,
+    completed_retention: Annotated[
+        float, typer.Option(min=1, help="Seconds to keep completed and cancelled tasks.")
+    ] = 24 * 3600.0,
+    dead_retention: Annotated[float, typer.Option(min=1, help="Seconds to keep dead letters.")] = 14
+    * 24
+    * 3600.0,
+    log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal stops at once)."""
+    from pgqueue import log
+    from pgqueue.maintenance import MaintenanceConfig
+    from pgqueue.registry import load
+    from pgqueue.supervisor import Supervisor
+    from pgqueue.worker import Worker, WorkerConfig
+
+    log.configure(log_format, log_level)
+    queues = queue or [DEFAULT_QUEUE]
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
+    url = state.url()
+    tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
+    if processes > 1:
+        argv = [sys.executable, "-m", "pgqueue", "--database-url", url]
+        argv += ["worker", registry, "--processes", "1"]
+        for name, value in (
+            ("--concurrency", concurrency),
+            ("--lease-seconds", lease_seconds),
+            ("--grace-period", grace_period),
+            ("--poll-interval", poll_interval),
+            ("--sweep-interval", sweep_interval),
+            ("--completed-retention", completed_retention),
+            ("--dead-retention", dead_retention),
+            ("--log-format", log_format),
+            ("--log-level", log_level),
+        ):
+            argv += [name, str(value)]
+        for q in queues:
+            argv += ["--queue", q]
+        if not maintenance:
+            argv.append("--no-maintenance")
+        raise typer.Exit(Supervisor(argv, processes).run())
+    config = WorkerConfig(
+        queues=queues,
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        poll_interval=poll_interval,
+        grace_period=grace_period,
+        maintenance=MaintenanceConfig(
+            enabled=maintenance,
+            sweep_interval=sweep_interval,
+            completed_retention=completed_retention,
+            dead_retention=dead_retention,
+        ),
+    )
+    Worker(tasks, url, config).run()
+
+
+@app.command()
+def demo() -> None:
+    """See pgqueue work: migrate, enqueue a mix of tasks, run a worker, summarise."""
+    from pgqueue.demo import run_demo
+
+    def say(line: str) -> None:
+        if not state.json:
+            typer.echo(line)
+
+    summary = run_demo(state.database_url, say, as_json=state.json)
+    if state.json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(
+        f"\n{summary['tasks']} tasks in {summary['seconds']} s: "
+        f"{summary['completed']} completed ({summary['completed_after_retry']} after a retry), "
+        f"{summary['dead_lettered']} dead-lettered"
+    )
+    for error in summary["dead_letter_errors"]:
+        typer.echo(f"  dead-letter error: {error}")
+    typer.echo("\nLook for yourself (psql, or `pgqueue stats` / `pgqueue dlq list`):")
+    for sql in summary["sql"]:
+        typer.echo(f"  {sql}")
 
 
 # --- entry point -------------------------------------------------------------------------------

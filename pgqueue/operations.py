@@ -22,6 +22,7 @@ from pgqueue.models import (
     FailResult,
     Lease,
     QueueStats,
+    RetryPolicy,
     SweepResult,
     Task,
     TaskStatus,
@@ -270,11 +271,15 @@ def fail(
     error: str,
     *,
     retry_after: float | None = None,
+    policy: RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> FailResult:
     """Record a failed attempt: retried after backoff (or ``retry_after`` seconds), or
-    dead-lettered when attempts are spent. Raises LeaseLost if the lease is no longer held."""
-    return run(conn, queries.task_fail(lease, error, retry_after, now))
+    dead-lettered when attempts are spent. Raises LeaseLost if the lease is no longer held.
+
+    ``policy`` (a task type's RetryPolicy) replaces the task's own max attempts and backoff
+    from this attempt on."""
+    return run(conn, queries.task_fail(lease, error, retry_after, now, policy))
 
 
 def cancel_leased(conn: Any, /, lease: Lease, reason: str, *, now: datetime | None = None) -> None:

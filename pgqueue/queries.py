@@ -30,6 +30,7 @@ from pgqueue.models import (
     Lease,
     Priority,
     QueueStats,
+    RetryPolicy,
     SweepResult,
     Task,
     TaskStatus,
@@ -309,11 +310,25 @@ def task_complete(lease: Lease, result_json: str | None, now: datetime | None = 
 
 
 def task_fail(
-    lease: Lease, error: str, delay: float | None = None, now: datetime | None = None
+    lease: Lease,
+    error: str,
+    delay: float | None = None,
+    now: datetime | None = None,
+    policy: RetryPolicy | None = None,
 ) -> Op[FailResult]:
     rows = yield Query(
         "task_fail",
-        {"id": lease.task_id, "token": lease.token, "error": error, "delay": delay, "now": now},
+        {
+            "id": lease.task_id,
+            "token": lease.token,
+            "error": error,
+            "delay": delay,
+            "now": now,
+            "max_attempts": policy.max_attempts if policy else None,
+            "backoff_base": policy.base if policy else None,
+            "backoff_factor": policy.factor if policy else None,
+            "backoff_cap": policy.cap if policy else None,
+        },
     )
     if not rows:
         raise LeaseLost(lease.task_id)

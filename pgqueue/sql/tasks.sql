@@ -102,20 +102,32 @@ RETURNING t.id;
 
 -- name: task_fail
 -- A failed attempt: queued again after a backoff, or dead-lettered when attempts are spent.
--- An explicit delay (a handler's Retry(after=...)) replaces the computed backoff.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+-- An explicit delay (a handler's Retry(after=...)) replaces the computed backoff. A retry
+-- policy given here (the task type's, from the worker's registry) replaces the row's and is
+-- stored, so the sweep applies it too.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+policy AS (
+    SELECT id,
+           coalesce(%(max_attempts)s::integer, max_attempts) AS max_attempts,
+           coalesce(%(backoff_base)s::real, backoff_base) AS base,
+           coalesce(%(backoff_factor)s::real, backoff_factor) AS factor,
+           coalesce(%(backoff_cap)s::real, backoff_cap) AS cap
+      FROM pgqueue.tasks
+     WHERE id = %(id)s
+)
 UPDATE pgqueue.tasks AS t
-   SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
-       visible_after = CASE WHEN t.attempts >= t.max_attempts THEN t.visible_after
+   SET status = CASE WHEN t.attempts >= p.max_attempts THEN 'failed' ELSE 'queued' END,
+       visible_after = CASE WHEN t.attempts >= p.max_attempts THEN t.visible_after
                             ELSE clock.now + coalesce(%(delay)s::double precision,
-                                   pgqueue.retry_delay(t.attempts, t.backoff_base,
-                                                       t.backoff_factor, t.backoff_cap))
+                                   pgqueue.retry_delay(t.attempts, p.base, p.factor, p.cap))
                                  * interval '1 second' END,
-       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock.now END,
+       finished_at = CASE WHEN t.attempts >= p.max_attempts THEN clock.now END,
+       max_attempts = p.max_attempts, backoff_base = p.base, backoff_factor = p.factor,
+       backoff_cap = p.cap,
        last_error = left(%(error)s, 8000),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM clock
- WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
+  FROM clock, policy AS p
+ WHERE t.id = p.id AND t.lease_token = %(token)s AND t.status = 'running'
 RETURNING t.id, t.status, t.attempts, t.visible_after;
 
 -- name: task_cancel_leased

@@ -1,0 +1,319 @@
+"""Run one task and turn what happened into exactly one outcome.
+
+The executor knows nothing about claiming or batching: it calls the handler with a
+:class:`TaskContext` and returns an outcome (:class:`Completed`, :class:`Failed`,
+:class:`Cancelled`, or :class:`Recorded` when the handler's own transaction already wrote the
+completion). The worker writes the outcome, fenced by the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import queue
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgqueue.errors import LeaseLost
+from pgqueue.models import ClaimedTask
+from pgqueue.queries import arun, dumps, run, task_complete
+from pgqueue.registry import Cancel, Handler, Retry
+
+MAX_ERROR_LENGTH = 8000
+
+
+class TaskContext:
+    """What a handler knows about its task and the worker running it.
+
+    ``should_stop()`` turns true when the worker is shutting down, someone asked to cancel
+    the task, its timeout passed, or its lease was lost; long handlers should check it and
+    return or raise early. ``connection`` (sync handlers) and ``await aconnection()`` (async
+    handlers) give a connection in a transaction that also records the task's completion:
+    the handler's writes and the completion commit together or not at all.
+    """
+
+    def __init__(
+        self,
+        task: ClaimedTask,
+        *,
+        worker_id: str,
+        sync_pool: Callable[[], ConnectionPool[Any]] | None = None,
+        async_pool: Callable[[], AsyncConnectionPool[Any]] | None = None,
+    ) -> None:
+        self.task_id: uuid.UUID = task.id
+        self.type = task.type
+        self.queue = task.queue
+        self.attempt = task.attempts
+        self.max_attempts = task.max_attempts
+        self.lease = task.lease
+        self.lease_expires_at: datetime = task.lease_expires_at
+        self.worker_id = worker_id
+        self.cancel_requested = False
+        self.lease_lost = False
+        self.timed_out = False
+        self._stop = threading.Event()
+        self._sync_pool = sync_pool
+        self._async_pool = async_pool
+        self._conn: psycopg.Connection[Any] | None = None
+        self._aconn: psycopg.AsyncConnection[Any] | None = None
+        self._conn_return: Callable[[], Any] | None = None
+
+    def should_stop(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """A connection whose transaction commits with this task's completion (sync handlers)."""
+        if self._conn is None:
+            if self._sync_pool is None:
+                raise RuntimeError("this context has no database connection to offer")
+            pool = self._sync_pool()
+            conn = pool.getconn()
+            self._conn = conn
+            self._conn_return = lambda: pool.putconn(conn)
+        return self._conn
+
+    async def aconnection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection whose transaction commits with this task's completion (async handlers)."""
+        if self._aconn is None:
+            if self._async_pool is None:
+                raise RuntimeError("this context has no database connection to offer")
+            pool = self._async_pool()
+            self._aconn = await pool.getconn()
+        return self._aconn
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    result_json: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """Completed, and already written in the handler's own transaction."""
+
+    result_json: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    error: str
+    retry_after: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cancelled:
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Lost:
+    """The lease was lost before the outcome could be written: nothing is recorded."""
+
+
+Outcome = Completed | Recorded | Failed | Cancelled | Lost
+
+
+def describe(exc: BaseException) -> str:
+    """The error text stored as last_error: type, message and the traceback's last frames."""
+    tb = "".join(traceback.format_exception(exc, limit=-6))
+    return tb[-MAX_ERROR_LENGTH:]
+
+
+def _encode_result(value: Any) -> Completed | Failed:
+    try:
+        return Completed(None if value is None else dumps(value))
+    except (TypeError, ValueError) as exc:
+        return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
+
+
+def _from_exception(exc: BaseException) -> Outcome:
+    if isinstance(exc, Retry):
+        return Failed(f"Retry: {exc}", retry_after=exc.after)
+    if isinstance(exc, Cancel):
+        return Cancelled(str(exc) or "cancelled by handler")
+    return Failed(describe(exc))
+
+
+class DaemonThreadPool:
+    """A fixed pool of daemon threads for sync handlers.
+
+    Daemon threads, unlike concurrent.futures', do not keep the process alive: a sync handler
+    that ignores ``should_stop()`` cannot block a worker's shutdown past its grace period
+    (its lease is released, so the task runs again elsewhere).
+    """
+
+    def __init__(self, size: int, name: str = "pgqueue-handler") -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job()
+
+    def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(ok: bool, value: Any) -> None:
+            if future.done():
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        def job() -> None:
+            try:
+                value = fn()
+            except BaseException as exc:  # delivered to the awaiting coroutine
+                loop.call_soon_threadsafe(deliver, False, exc)
+            else:
+                loop.call_soon_threadsafe(deliver, True, value)
+
+        self._queue.put(job)
+        return future
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+class Executor:
+    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool."""
+
+    def __init__(self, threads: DaemonThreadPool) -> None:
+        self.threads = threads
+
+    async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
+        if handler is None:
+            return Failed(
+                f"no handler is registered for task type {task.type!r} in this worker "
+                f"(queue {task.queue!r})"
+            )
+        if handler.is_async:
+            return await self._run_async(task, ctx, handler)
+        return await self._run_sync(task, ctx, handler)
+
+    async def _run_async(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
+        try:
+            async with asyncio.timeout(handler.timeout):
+                value = await handler.fn(task.payload, ctx)
+        except TimeoutError:
+            ctx.timed_out = True
+            ctx.stop()
+            await _rollback_async(ctx)
+            return Failed(f"timed out after {handler.timeout} s")
+        except Exception as exc:
+            await _rollback_async(ctx)
+            return _from_exception(exc)
+        outcome = _encode_result(value)
+        if ctx._aconn is not None and isinstance(outcome, Completed):
+            return await _commit_async(ctx, outcome)
+        await _rollback_async(ctx)
+        return outcome
+
+    async def _run_sync(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
+        def call() -> Outcome:
+            try:
+                value = handler.fn(task.payload, ctx)
+            except Exception as exc:
+                _rollback_sync(ctx)
+                return _from_exception(exc)
+            outcome = _encode_result(value)
+            if ctx._conn is not None and isinstance(outcome, Completed):
+                return _commit_sync(ctx, outcome)
+            _rollback_sync(ctx)
+            return outcome
+
+        future = self.threads.submit(call)
+        done, _ = await asyncio.wait({future}, timeout=handler.timeout)
+        if done:
+            result: Outcome = future.result()
+            return result
+        # A thread cannot be killed: flag it, record the failure, and let the thread's own
+        # completion attempt be fenced off (its lease is gone once the failure is written).
+        ctx.timed_out = True
+        ctx.stop()
+        return Failed(f"timed out after {handler.timeout} s")
+
+
+def _commit_sync(ctx: TaskContext, outcome: Completed) -> Outcome:
+    conn = ctx._conn
+    assert conn is not None
+    try:
+        run(conn, task_complete(ctx.lease, outcome.result_json))
+        conn.commit()
+        return Recorded(outcome.result_json)
+    except LeaseLost:
+        conn.rollback()
+        return Lost()
+    except Exception as exc:
+        _rollback_sync(ctx)
+        return Failed(f"could not commit the handler's transaction: {describe(exc)}")
+    finally:
+        _release_sync(ctx)
+
+
+def _rollback_sync(ctx: TaskContext) -> None:
+    if ctx._conn is not None:
+        with contextlib.suppress(psycopg.Error):
+            ctx._conn.rollback()
+        _release_sync(ctx)
+
+
+def _release_sync(ctx: TaskContext) -> None:
+    if ctx._conn is not None and ctx._conn_return is not None:
+        ctx._conn_return()
+    ctx._conn = None
+    ctx._conn_return = None
+
+
+async def _commit_async(ctx: TaskContext, outcome: Completed) -> Outcome:
+    conn = ctx._aconn
+    assert conn is not None
+    try:
+        await arun(conn, task_complete(ctx.lease, outcome.result_json))
+        await conn.commit()
+        return Recorded(outcome.result_json)
+    except LeaseLost:
+        await conn.rollback()
+        return Lost()
+    except Exception as exc:
+        await _rollback_async(ctx)
+        return Failed(f"could not commit the handler's transaction: {describe(exc)}")
+    finally:
+        await _release_async(ctx)
+
+
+async def _rollback_async(ctx: TaskContext) -> None:
+    if ctx._aconn is not None:
+        with contextlib.suppress(psycopg.Error):
+            await ctx._aconn.rollback()
+        await _release_async(ctx)
+
+
+async def _release_async(ctx: TaskContext) -> None:
+    if ctx._aconn is not None and ctx._async_pool is not None:
+        await ctx._async_pool().putconn(ctx._aconn)
+    ctx._aconn = None

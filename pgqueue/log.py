@@ -1,0 +1,68 @@
+"""Structured events: one line per task event, as text for people or JSON for log shippers.
+
+Event names are fixed (``task.started``, ``task.completed``, ``task.retried``, ``task.dead``,
+``task.cancelled``, ``task.lease_lost``, ``maintenance.sweep``, ...) and task events always
+carry ``task_id``, ``type`` and ``attempt``, so a log search by id finds a task's whole story.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+logger = logging.getLogger("pgqueue")
+logger.addHandler(logging.NullHandler())  # a library stays quiet until configured
+
+
+def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+    if logger.isEnabledFor(level):
+        logger.log(level, name, extra={"pgqueue_event": name, "pgqueue_fields": fields})
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = getattr(record, "pgqueue_fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+        parts = [f"{ts}Z", f"{record.levelname:<7}", record.getMessage()]
+        for key, value in _fields(record).items():
+            text = str(value)
+            if not text or any(c.isspace() or c in '"=' for c in text):
+                text = json.dumps(text)
+            parts.append(f"{key}={text}")
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "event": getattr(record, "pgqueue_event", record.getMessage()),
+        }
+        out.update(_fields(record))
+        if record.exc_info:
+            out["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure(fmt: str = "text", level: str = "INFO") -> None:
+    """Send pgqueue's events to stderr in ``fmt`` ('text' or 'json')."""
+    if fmt not in ("text", "json"):
+        from pgqueue.errors import ConfigurationError
+
+        raise ConfigurationError(f"log format must be 'text' or 'json', not {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False

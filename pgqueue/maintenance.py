@@ -1,0 +1,139 @@
+"""Built-in maintenance: the expired-lease sweep and retention pruning.
+
+On by default in every worker, so crash recovery never depends on a user scheduling it.
+Each batch runs in its own short transaction that first takes a transaction-level advisory
+lock; whoever gets it does the batch, the others skip. So any number of workers can run
+maintenance, one does the work at a time, and nothing is held between batches (which also
+keeps it safe behind PgBouncer in transaction mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+from typing import Any
+
+import psycopg
+
+from pgqueue import queries
+from pgqueue.errors import DatabaseUnavailable, ValidationError
+from pgqueue.log import event
+from pgqueue.models import TaskStatus
+from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
+
+
+@dataclasses.dataclass(frozen=True)
+class MaintenanceConfig:
+    """Defaults: sweep every 5 s, prune hourly-ish batches every 60 s, keep completed and
+    cancelled tasks 24 h and dead letters 14 days."""
+
+    enabled: bool = True
+    sweep_interval: float = 5.0
+    prune_interval: float = 60.0
+    completed_retention: float = DEFAULT_COMPLETED_RETENTION
+    dead_retention: float = DEFAULT_DEAD_RETENTION
+    batch_size: int = 1000
+    max_batches: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("sweep_interval", "prune_interval", "completed_retention", "dead_retention"):
+            if getattr(self, name) <= 0:
+                raise ValidationError(name, f"must be positive, not {getattr(self, name)}")
+        if self.batch_size < 1 or self.max_batches < 1:
+            raise ValidationError("batch_size", "batch_size and max_batches must be at least 1")
+
+
+@dataclasses.dataclass
+class MaintenanceResult:
+    requeued: int = 0
+    dead: int = 0
+    pruned: int = 0
+    skipped: bool = False  # another runner held the lock
+
+
+class Maintenance:
+    def __init__(self, config: MaintenanceConfig | None = None) -> None:
+        self.config = config or MaintenanceConfig()
+
+    async def _locked_batch(self, conn: psycopg.AsyncConnection[Any], op: queries.Op[Any]) -> Any:
+        """Run ``op`` in a transaction holding the maintenance lock; None if someone else has it."""
+        async with conn.transaction():
+            if not await queries.arun(conn, queries.maintenance_try_lock()):
+                return None
+            return await queries.arun(conn, op)
+
+    async def sweep_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:
+        out = MaintenanceResult()
+        for _ in range(self.config.max_batches):
+            swept = await self._locked_batch(
+                conn, queries.task_sweep_expired(self.config.batch_size)
+            )
+            if swept is None:
+                out.skipped = True
+                break
+            out.requeued += len(swept.requeued)
+            out.dead += len(swept.dead)
+            for task_id in swept.dead:
+                event(
+                    "task.dead",
+                    logging.ERROR,
+                    task_id=task_id,
+                    reason="lease expired on last attempt",
+                )
+            if swept.total < self.config.batch_size:
+                break
+        if out.requeued or out.dead:
+            event("maintenance.sweep", requeued=out.requeued, dead=out.dead)
+        return out
+
+    async def prune_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:
+        out = MaintenanceResult()
+        plans = [
+            ([TaskStatus.COMPLETED, TaskStatus.CANCELLED], self.config.completed_retention),
+            ([TaskStatus.FAILED], self.config.dead_retention),
+        ]
+        for statuses, older_than in plans:
+            for _ in range(self.config.max_batches):
+                n = await self._locked_batch(
+                    conn, queries.task_prune(statuses, older_than, self.config.batch_size)
+                )
+                if n is None:
+                    out.skipped = True
+                    break
+                out.pruned += n
+                if n < self.config.batch_size:
+                    break
+        if out.pruned:
+            event("maintenance.prune", pruned=out.pruned)
+        return out
+
+    async def run(self, pool: Any, stop: asyncio.Event) -> None:
+        """Loop until ``stop`` is set; database errors are logged and retried next round."""
+        loop = asyncio.get_running_loop()
+        next_prune = loop.time() + random.uniform(0, self.config.prune_interval)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.sweep_interval * random.uniform(0.8, 1.2)):
+                    await stop.wait()
+            if stop.is_set():
+                return
+            try:
+                async with pool.connection(timeout=10) as conn:
+                    await self.sweep_once(conn)
+                    if loop.time() >= next_prune:
+                        next_prune = loop.time() + self.config.prune_interval
+                        await self.prune_once(conn)
+            except (psycopg.Error, DatabaseUnavailable) as exc:
+                event(
+                    "maintenance.error",
+                    logging.WARNING,
+                    error=str(exc).strip().splitlines()[0]
+                    if str(exc).strip()
+                    else type(exc).__name__,
+                )
+            except Exception as exc:
+                if type(exc).__name__ != "PoolTimeout":
+                    raise

@@ -1,0 +1,141 @@
+"""Task types and their handlers, with each type's retry policy and timeout.
+
+A handler is a plain function (run in a thread) or an ``async def`` (run on the worker's
+event loop), called as ``handler(payload, context)``. Its outcome vocabulary is closed:
+
+- return a JSON-serialisable value: the task is **completed** and the value is its result;
+- raise :class:`Retry` (optionally ``after=`` seconds): a failed attempt, retried after that
+  delay, or dead-lettered if it was the last attempt;
+- raise :class:`Cancel`: the task is **cancelled**, never retried;
+- raise anything else: a failed attempt, retried with the type's backoff or dead-lettered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from pgqueue.enqueue import check_name
+from pgqueue.errors import ValidationError
+from pgqueue.models import RetryPolicy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Retry(Exception):  # an outcome, not an error
+    """Raised by a handler to retry its task, after ``after`` seconds if given."""
+
+    def __init__(self, reason: str = "retry requested", *, after: float | None = None) -> None:
+        super().__init__(reason)
+        if after is not None and after < 0:
+            raise ValidationError("after", f"must be >= 0 seconds, not {after}")
+        self.after = after
+
+
+class Cancel(Exception):  # an outcome, not an error
+    """Raised by a handler to cancel its task for good (no retry)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handler:
+    type: str
+    fn: Callable[..., Any]
+    is_async: bool
+    retry: RetryPolicy | None
+    timeout: float | None
+
+
+class TaskRegistry:
+    """Handlers by task type; the object a worker is started with (``module:registry``)."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def handler(
+        self,
+        type: str,
+        *,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the handler of ``type``.
+
+        ``max_attempts``/``retry`` set the type's retry policy; it applies to every task of
+        the type, however it was submitted (library, CLI or HTTP). ``timeout`` (seconds) fails
+        an attempt that runs longer.
+        """
+        check_name("type", type)
+        if timeout is not None and timeout <= 0:
+            raise ValidationError("timeout", f"must be positive seconds, not {timeout}")
+        policy = retry
+        if max_attempts is not None:
+            base = retry or RetryPolicy()
+            policy = RetryPolicy(max_attempts, base.base, base.factor, base.cap)
+
+        def register(fn: F) -> F:
+            if type in self._handlers:
+                raise ValueError(f"task type {type!r} already has a handler")
+            self._handlers[type] = Handler(
+                type=type,
+                fn=fn,
+                is_async=inspect.iscoroutinefunction(fn),
+                retry=policy,
+                timeout=timeout,
+            )
+            return fn
+
+        return register
+
+    def get(self, type: str) -> Handler | None:
+        return self._handlers.get(type)
+
+    @property
+    def types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def enqueue_options(self, type: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Enqueue options with the type's retry policy filled in where the caller gave none."""
+        out = dict(options)
+        handler = self._handlers.get(type)
+        if handler and handler.retry and "retry" not in out and "max_attempts" not in out:
+            out["retry"] = handler.retry
+        return out
+
+    def enqueue(
+        self, conn: Any, type: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> Any:
+        """``pgqueue.enqueue`` with this registry's policy for ``type`` as the default."""
+        from pgqueue.operations import enqueue
+
+        return enqueue(conn, type, payload, **self.enqueue_options(type, options))
+
+
+def load(spec: str) -> TaskRegistry:
+    """Import ``module:attribute`` (or ``module``, looking for a TaskRegistry named tasks)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValidationError("registry", f"cannot import {module_name!r}: {exc}") from None
+    if attr:
+        obj = getattr(module, attr, None)
+        if obj is None:
+            raise ValidationError("registry", f"module {module_name!r} has no attribute {attr!r}")
+    else:
+        found = [v for v in vars(module).values() if isinstance(v, TaskRegistry)]
+        if len(found) != 1:
+            raise ValidationError(
+                "registry",
+                f"name the registry: {module_name}:NAME (found {len(found)} in the module)",
+            )
+        obj = found[0]
+    if not isinstance(obj, TaskRegistry):
+        raise ValidationError(
+            "registry", f"{spec} is a {type(obj).__name__}, not a pgqueue.TaskRegistry"
+        )
+    return obj
