@@ -30,6 +30,7 @@ from pgqueue.errors import (
     UnsupportedConnection,
     ValidationError,
 )
+from pgqueue.executor import TaskContext
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
@@ -63,10 +64,13 @@ from pgqueue.operations import (
     sweep_expired,
     throughput,
 )
+from pgqueue.registry import Cancel, Retry, TaskRegistry
+from pgqueue.worker import Worker, WorkerConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancel",
     "ClaimedTask",
     "Client",
     "ConfigurationError",
@@ -84,14 +88,19 @@ __all__ = [
     "PgQueueError",
     "Priority",
     "QueueStats",
+    "Retry",
     "RetryPolicy",
     "SchemaNotReady",
     "SweepResult",
     "Task",
+    "TaskContext",
     "TaskNotFound",
+    "TaskRegistry",
     "TaskStatus",
     "UnsupportedConnection",
     "ValidationError",
+    "Worker",
+    "WorkerConfig",
     "__version__",
     "cancel",
     "cancel_leased",

@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgqueue import aio, migrate
+from pgqueue import aio
 from pgqueue.config import resolve_database_url
 from pgqueue.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgqueue.executor import (
@@ -159,6 +159,8 @@ class Worker:
         self._slot_freed.set()
 
     async def run_async(self, *, install_signal_handlers: bool = False) -> None:
+        from pgqueue import migrate  # alembic is slow to import: only when a worker starts
+
         cfg = self.config
         await asyncio.to_thread(migrate.check, self.database_url)  # refuse a schema behind head
         loop = asyncio.get_running_loop()
