@@ -32,6 +32,7 @@ from pgqueue.operations import (
     _results,
     as_spec,
     check_limit,
+    check_unique,
     check_window,
     list_args,
     parse_task_id,
@@ -52,7 +53,7 @@ async def enqueue_many(
     conn: Any, /, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
 ) -> list[EnqueueResult]:
     """See :func:`pgqueue.enqueue_many`."""
-    specs = [as_spec(item) for item in tasks]
+    specs = check_unique(as_spec(item) for item in tasks)
     return [EnqueueResult(t, c) for t, c in await arun(conn, queries.task_insert_many(specs, now))]
 
 

@@ -77,7 +77,7 @@ def sqlalchemy_url(url: str) -> str:
 
 def resolve_database_url(url: str | None) -> str:
     """The argument, else ``PGQUEUE_DATABASE_URL``, else the embedded server (started if needed)."""
-    if url:
+    if url is not None:  # an explicit "" is a mistake, not a request for the default
         return validate_database_url(url)
     env = os.environ.get(ENV_DATABASE_URL, "").strip()
     if env:

@@ -44,6 +44,10 @@ def sync_connection(conn: Any) -> psycopg.Connection[Any]:
     if isinstance(conn, Session):
         conn = conn.connection()
     if isinstance(conn, SAConnection):
+        # Begin through SQLAlchemy, as its own execute() would: otherwise it believes no
+        # transaction is open and its commit()/rollback() would not reach our statements.
+        if not conn.in_transaction():
+            conn.begin()
         driver = _driver_connection(conn.connection, "this SQLAlchemy connection")
         if not isinstance(driver, psycopg.Connection):
             raise UnsupportedConnection("an async driver connection needs pgqueue.aio")
@@ -65,6 +69,8 @@ async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if isinstance(conn, SAAsyncConnection):
+        if not conn.in_transaction():
+            await conn.begin()
         raw = await conn.get_raw_connection()
         driver = _driver_connection(raw, "this SQLAlchemy connection")
         if not isinstance(driver, psycopg.AsyncConnection):

@@ -20,6 +20,7 @@ from pgqueue.models import Priority, RetryPolicy
 from pgqueue.queries import TaskSpec, dumps
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
+MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -45,6 +46,10 @@ def check_name(field: str, value: object, *, max_length: int = config.MAX_NAME_L
         raise ValidationError(field, f"is {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
         raise ValidationError(field, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(field, "must be valid Unicode (it has a lone surrogate)") from None
     return value
 
 
@@ -109,6 +114,8 @@ def prepare(
             raise ValidationError("delay", f"must be a number of seconds, not {delay!r}")
         if not math.isfinite(delay) or delay < 0:
             raise ValidationError("delay", f"must be a finite number of seconds >= 0, not {delay}")
+        if delay > MAX_DELAY_SECONDS:
+            raise ValidationError("delay", f"must be at most {MAX_DELAY_SECONDS} s (10 years)")
         delay_seconds = float(delay)
     policy = retry or DEFAULT_RETRY
     if max_attempts is not None:

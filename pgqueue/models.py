@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from pgqueue.errors import InvalidPriority, ValidationError
+
+MAX_ATTEMPTS = 1_000_000
+MAX_BACKOFF_SECONDS = 365 * 24 * 3600.0
 
 
 class TaskStatus(enum.StrEnum):
@@ -86,14 +90,19 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
             raise ValidationError("max_attempts", f"must be an integer, not {self.max_attempts!r}")
-        if self.max_attempts < 1:
-            raise ValidationError("max_attempts", f"must be at least 1, not {self.max_attempts}")
-        if self.base < 0:
-            raise ValidationError("backoff_base", f"must be >= 0, not {self.base}")
-        if self.factor < 1:
-            raise ValidationError("backoff_factor", f"must be >= 1, not {self.factor}")
-        if self.cap < 0:
-            raise ValidationError("backoff_cap", f"must be >= 0, not {self.cap}")
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise ValidationError(
+                "max_attempts", f"must be from 1 to {MAX_ATTEMPTS}, not {self.max_attempts}"
+            )
+        for name, value, low, high in (
+            ("backoff_base", self.base, 0.0, MAX_BACKOFF_SECONDS),
+            ("backoff_factor", self.factor, 1.0, 100.0),
+            ("backoff_cap", self.cap, 0.0, MAX_BACKOFF_SECONDS),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValidationError(name, f"must be a number, not {value!r}")
+            if not (math.isfinite(value) and low <= value <= high):
+                raise ValidationError(name, f"must be from {low:g} to {high:g}, not {value}")
 
     def max_delay(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (1-based)."""

@@ -90,6 +90,16 @@ def as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
     )
 
 
+def check_unique(specs: Iterable[TaskSpec]) -> list[TaskSpec]:
+    """Refuse the same prepared task twice in one batch (it would collide with itself)."""
+    out = list(specs)
+    if len({s.id for s in out}) != len(out):
+        raise ValidationError(
+            "tasks", "the same prepared task appears twice; call pgqueue.prepare() once per task"
+        )
+    return out
+
+
 def list_args(
     status: TaskStatus | str | None,
     type: str | None,
@@ -137,7 +147,7 @@ def enqueue_many(
     Items are ``pgqueue.prepare(...)`` results or dicts of enqueue's arguments. Every item is
     validated before anything is written, so one bad item rejects the whole batch.
     """
-    specs = [as_spec(item) for item in tasks]
+    specs = check_unique(as_spec(item) for item in tasks)
     return [EnqueueResult(t, c) for t, c in run(conn, queries.task_insert_many(specs, now))]
 
 

@@ -486,8 +486,14 @@ def queue_throughput(
 
 
 def dumps(value: Any) -> str:
-    """JSON for jsonb columns: compact, and strict about NaN (PostgreSQL rejects it)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    """JSON for jsonb columns: compact UTF-8 (so size limits count real bytes), strict about
+    NaN and about lone surrogates, both of which PostgreSQL would reject."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a string that is not valid Unicode ({exc.reason})") from None
+    return text
 
 
 def maintenance_try_lock() -> Op[bool]:
