@@ -31,7 +31,9 @@ from pgqueue.operations import (
     DEFAULT_LEASE_SECONDS,
     _results,
     as_spec,
+    check_lease,
     check_limit,
+    check_retry_after,
     check_unique,
     check_window,
     list_args,
@@ -132,7 +134,7 @@ async def claim(
             queues=list(queues),
             limit=check_limit(limit),
             owner=worker_id,
-            lease_seconds=lease_seconds,
+            lease_seconds=check_lease(lease_seconds),
             now=now,
         ),
     )
@@ -160,7 +162,9 @@ async def fail(
     policy: RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> FailResult:
-    return await arun(conn, queries.task_fail(lease, error, retry_after, now, policy))
+    return await arun(
+        conn, queries.task_fail(lease, error, check_retry_after(retry_after), now, policy)
+    )
 
 
 async def cancel_leased(
@@ -177,7 +181,7 @@ async def heartbeat(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     now: datetime | None = None,
 ) -> HeartbeatResult:
-    return await arun(conn, queries.task_heartbeat(leases, lease_seconds, now))
+    return await arun(conn, queries.task_heartbeat(leases, check_lease(lease_seconds), now))
 
 
 async def release(

@@ -50,6 +50,7 @@ class MaintenanceConfig:
 class MaintenanceResult:
     requeued: int = 0
     dead: int = 0
+    cancelled: int = 0
     pruned: int = 0
     skipped: bool = False  # another runner held the lock
 
@@ -76,6 +77,7 @@ class Maintenance:
                 break
             out.requeued += len(swept.requeued)
             out.dead += len(swept.dead)
+            out.cancelled += len(swept.cancelled)
             for task_id in swept.dead:
                 event(
                     "task.dead",
@@ -85,8 +87,10 @@ class Maintenance:
                 )
             if swept.total < self.config.batch_size:
                 break
-        if out.requeued or out.dead:
-            event("maintenance.sweep", requeued=out.requeued, dead=out.dead)
+        if out.requeued or out.dead or out.cancelled:
+            event(
+                "maintenance.sweep", requeued=out.requeued, dead=out.dead, cancelled=out.cancelled
+            )
         return out
 
     async def prune_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:

@@ -225,6 +225,7 @@ class FailOutcome(enum.StrEnum):
 
     RETRYING = "retrying"
     DEAD = "dead"
+    CANCELLED = "cancelled"  # cancellation had been requested: not retried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,14 +238,16 @@ class FailResult:
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
-    """Counts of an expired-lease sweep: tasks requeued, and tasks dead-lettered."""
+    """An expired-lease sweep: tasks requeued, dead-lettered, and cancelled (cancellation had
+    been requested while they ran)."""
 
     requeued: list[uuid.UUID]
     dead: list[uuid.UUID]
+    cancelled: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return len(self.requeued) + len(self.dead)
+        return len(self.requeued) + len(self.dead) + len(self.cancelled)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,17 +64,36 @@ def check_limit(limit: int, field: str = "limit", maximum: int = MAX_BATCH) -> i
     return limit
 
 
-def check_window(window_seconds: float) -> float:
+def check_seconds(
+    field: str, value: float, *, zero_ok: bool = False, maximum: float = 10 * 365 * DAY
+) -> float:
+    """A duration in seconds: a finite number, positive (or zero when allowed), bounded."""
     if (
-        isinstance(window_seconds, bool)
-        or not isinstance(window_seconds, int | float)
-        or not math.isfinite(window_seconds)
-        or window_seconds <= 0
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero_ok)
+        or value > maximum
     ):
-        raise ValidationError(
-            "window_seconds", f"must be a positive number of seconds, not {window_seconds!r}"
-        )
-    return float(window_seconds)
+        low = "0" if zero_ok else "more than 0"
+        raise ValidationError(field, f"must be seconds from {low} to {maximum:g}, not {value!r}")
+    return float(value)
+
+
+def check_window(window_seconds: float) -> float:
+    return check_seconds("window_seconds", window_seconds)
+
+
+MAX_LEASE_SECONDS = 7 * DAY
+
+
+def check_lease(lease_seconds: float) -> float:
+    return check_seconds("lease_seconds", lease_seconds, maximum=MAX_LEASE_SECONDS)
+
+
+def check_retry_after(retry_after: float | None) -> float | None:
+    return None if retry_after is None else check_seconds("retry_after", retry_after, zero_ok=True)
 
 
 def as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
@@ -246,15 +265,13 @@ def claim(
 
     Commit promptly: the claim's row locks are held until the transaction ends.
     """
-    if lease_seconds <= 0:
-        raise ValidationError("lease_seconds", f"must be positive, not {lease_seconds}")
     return run(
         conn,
         queries.task_claim(
             queues=list(queues),
             limit=check_limit(limit),
             owner=worker_id,
-            lease_seconds=lease_seconds,
+            lease_seconds=check_lease(lease_seconds),
             now=now,
         ),
     )
@@ -289,7 +306,7 @@ def fail(
 
     ``policy`` (a task type's RetryPolicy) replaces the task's own max attempts and backoff
     from this attempt on."""
-    return run(conn, queries.task_fail(lease, error, retry_after, now, policy))
+    return run(conn, queries.task_fail(lease, error, check_retry_after(retry_after), now, policy))
 
 
 def cancel_leased(conn: Any, /, lease: Lease, reason: str, *, now: datetime | None = None) -> None:
@@ -306,7 +323,7 @@ def heartbeat(
     now: datetime | None = None,
 ) -> HeartbeatResult:
     """Extend leases still held; the result lists them and any cancellation requests."""
-    return run(conn, queries.task_heartbeat(leases, lease_seconds, now))
+    return run(conn, queries.task_heartbeat(leases, check_lease(lease_seconds), now))
 
 
 def release(

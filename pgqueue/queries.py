@@ -333,12 +333,15 @@ def task_fail(
     if not rows:
         raise LeaseLost(lease.task_id)
     row = rows[0]
-    dead = row["status"] == TaskStatus.FAILED
+    outcome = {
+        TaskStatus.FAILED: FailOutcome.DEAD,
+        TaskStatus.CANCELLED: FailOutcome.CANCELLED,
+    }.get(TaskStatus(row["status"]), FailOutcome.RETRYING)
     return FailResult(
         task_id=row["id"],
-        outcome=FailOutcome.DEAD if dead else FailOutcome.RETRYING,
+        outcome=outcome,
         attempts=row["attempts"],
-        retry_at=None if dead else row["visible_after"],
+        retry_at=row["visible_after"] if outcome is FailOutcome.RETRYING else None,
     )
 
 
@@ -390,7 +393,7 @@ def task_release(leases: Sequence[Lease], now: datetime | None = None) -> Op[set
             "now": now,
         },
     )
-    queues = sorted({r["queue"] for r in rows})
+    queues = sorted({r["queue"] for r in rows if r["status"] == TaskStatus.QUEUED})
     if queues:
         yield Query("queue_notify", {"queues": queues})
     return {r["id"] for r in rows}
@@ -401,6 +404,7 @@ def task_sweep_expired(limit: int, now: datetime | None = None) -> Op[SweepResul
     return SweepResult(
         requeued=[r["id"] for r in rows if r["status"] == TaskStatus.QUEUED],
         dead=[r["id"] for r in rows if r["status"] == TaskStatus.FAILED],
+        cancelled=[r["id"] for r in rows if r["status"] == TaskStatus.CANCELLED],
     )
 
 

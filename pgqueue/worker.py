@@ -420,6 +420,9 @@ class Worker:
         summary = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "error"
         if result is None or result is False:
             event("task.lease_lost", logging.WARNING, **fields, error=summary)
+        elif result.outcome is FailOutcome.CANCELLED:
+            self.processed += 1
+            event("task.cancelled", **fields, reason="cancellation requested", error=summary)
         elif result.outcome is FailOutcome.DEAD:
             self.processed += 1
             event(

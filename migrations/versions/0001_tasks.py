@@ -61,10 +61,11 @@ def upgrade() -> None:
     CREATE UNIQUE INDEX tasks_idempotency_key_idx
         ON pgqueue.tasks (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
-    -- Serves the claim: the next queued tasks of a queue in (priority, created_at) order.
+    -- Serves the claim: the next queued tasks of a queue in (priority, created_at, id) order;
+    -- id breaks ties between tasks enqueued in one statement (ids are time-ordered).
     -- Partial, so it holds only waiting rows and stays small however many tasks are kept.
     CREATE INDEX tasks_claim_idx
-        ON pgqueue.tasks (queue, priority, created_at) WHERE status = 'queued';
+        ON pgqueue.tasks (queue, priority, created_at, id) WHERE status = 'queued';
 
     -- Serves the expired-lease sweep.
     CREATE INDEX tasks_lease_idx
@@ -115,7 +116,8 @@ def upgrade() -> None:
       FROM pgqueue.tasks
      GROUP BY queue, priority, status;
 
-    -- The dead-letter queue: tasks whose attempts are spent, newest first.
+    -- The dead-letter queue: tasks whose attempts are spent (add ORDER BY finished_at DESC
+    -- for the newest first; a view's own order is not guaranteed to survive a query on it).
     CREATE VIEW pgqueue.dead_letters AS
     SELECT id, queue, type, pgqueue.priority_name(priority) AS priority, attempts,
            max_attempts, last_error, payload, idempotency_key, created_at, finished_at

@@ -74,7 +74,7 @@ WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 next AS (
     SELECT id FROM pgqueue.tasks, clock
      WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND visible_after <= clock.now
-     ORDER BY priority, created_at
+     ORDER BY priority, created_at, id
      LIMIT %(limit)s
      FOR UPDATE OF tasks SKIP LOCKED
 )
@@ -114,19 +114,26 @@ policy AS (
            coalesce(%(backoff_cap)s::real, backoff_cap) AS cap
       FROM pgqueue.tasks
      WHERE id = %(id)s
+),
+decision AS (
+    -- Cancellation was requested: this attempt was the last, whatever its attempts say.
+    SELECT p.*, CASE WHEN t.cancel_requested THEN 'cancelled'
+                     WHEN t.attempts >= p.max_attempts THEN 'failed'
+                     ELSE 'queued' END AS next_status
+      FROM policy AS p JOIN pgqueue.tasks AS t USING (id)
 )
 UPDATE pgqueue.tasks AS t
-   SET status = CASE WHEN t.attempts >= p.max_attempts THEN 'failed' ELSE 'queued' END,
-       visible_after = CASE WHEN t.attempts >= p.max_attempts THEN t.visible_after
+   SET status = p.next_status,
+       visible_after = CASE WHEN p.next_status <> 'queued' THEN t.visible_after
                             ELSE clock.now + coalesce(%(delay)s::double precision,
                                    pgqueue.retry_delay(t.attempts, p.base, p.factor, p.cap))
                                  * interval '1 second' END,
-       finished_at = CASE WHEN t.attempts >= p.max_attempts THEN clock.now END,
+       finished_at = CASE WHEN p.next_status <> 'queued' THEN clock.now END,
        max_attempts = p.max_attempts, backoff_base = p.base, backoff_factor = p.factor,
        backoff_cap = p.cap,
        last_error = left(%(error)s, 8000),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM clock, policy AS p
+  FROM clock, decision AS p
  WHERE t.id = p.id AND t.lease_token = %(token)s AND t.status = 'running'
 RETURNING t.id, t.status, t.attempts, t.visible_after;
 
@@ -152,13 +159,16 @@ RETURNING t.id, t.cancel_requested, t.lease_expires_at;
 
 -- name: task_release
 -- Hand tasks back untouched (graceful shutdown): queued at once, the attempt not counted.
+-- A task whose cancellation was requested is cancelled instead of going back.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 UPDATE pgqueue.tasks AS t
-   SET status = 'queued', attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
+   SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
+       finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
+       attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
  WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
-RETURNING t.id, t.queue;
+RETURNING t.id, t.queue, t.status;
 
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
@@ -166,24 +176,28 @@ RETURNING t.id, t.queue;
 -- dead-letter queue instead of looping forever.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 expired AS (
-    SELECT id FROM pgqueue.tasks, clock
+    SELECT id,
+           CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN attempts >= max_attempts THEN 'failed'
+                ELSE 'queued' END AS next_status
+      FROM pgqueue.tasks, clock
      WHERE status = 'running' AND lease_expires_at < clock.now
      ORDER BY lease_expires_at
      LIMIT %(limit)s
      FOR UPDATE OF tasks SKIP LOCKED
 )
 UPDATE pgqueue.tasks AS t
-   SET status = CASE WHEN t.attempts >= t.max_attempts THEN 'failed' ELSE 'queued' END,
-       visible_after = CASE WHEN t.attempts >= t.max_attempts THEN t.visible_after
+   SET status = e.next_status,
+       visible_after = CASE WHEN e.next_status <> 'queued' THEN t.visible_after
                             ELSE clock.now + pgqueue.retry_delay(t.attempts, t.backoff_base,
                                    t.backoff_factor, t.backoff_cap) * interval '1 second' END,
-       finished_at = CASE WHEN t.attempts >= t.max_attempts THEN clock.now END,
+       finished_at = CASE WHEN e.next_status <> 'queued' THEN clock.now END,
        last_error = format('lease expired on attempt %%s of %%s: worker %%s stopped renewing it '
                            '(crashed, killed, hung or disconnected)',
                            t.attempts, t.max_attempts, coalesce(t.lease_owner, '?')),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM expired, clock
- WHERE t.id = expired.id
+  FROM expired AS e, clock
+ WHERE t.id = e.id
 RETURNING t.id, t.status;
 
 -- name: task_cancel

@@ -1,0 +1,58 @@
+"""Pure logic: no database."""
+
+import math
+import uuid
+
+import pytest
+
+import pgqueue
+from pgqueue.config import redact, validate_database_url
+from pgqueue.enqueue import encode_payload, new_task_id
+
+
+def test_task_ids_are_uuid7_and_strictly_increase_within_a_process():
+    ids = [new_task_id() for _ in range(10_000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert ids == sorted(ids, key=lambda i: i.int)
+    assert len(set(ids)) == len(ids)
+
+
+def test_retry_policy_delay_grows_exponentially_up_to_the_cap():
+    policy = pgqueue.RetryPolicy(max_attempts=10, base=2, factor=3, cap=50)
+    assert [policy.max_delay(n) for n in range(1, 6)] == [2, 6, 18, 50, 50]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_attempts": 0},
+        {"max_attempts": 2**31},
+        {"max_attempts": True},
+        {"base": -1},
+        {"base": math.nan},
+        {"factor": 0.5},
+        {"cap": math.inf},
+    ],
+)
+def test_retry_policy_refuses_values_the_database_cannot_hold(kwargs):
+    with pytest.raises(pgqueue.ValidationError):
+        pgqueue.RetryPolicy(**kwargs)
+
+
+@pytest.mark.parametrize("value", ["HIGH", "high", " low ", 1, pgqueue.Priority.LOW])
+def test_priority_parses_names_and_numbers(value):
+    assert isinstance(pgqueue.Priority.parse(value), pgqueue.Priority)
+
+
+def test_payload_size_counts_utf8_bytes():
+    text = encode_payload({"s": "é" * 10})
+    assert len(text.encode()) == len('{"s":""}') + 20
+
+
+def test_redact_hides_the_password_and_nothing_else():
+    assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_sqlalchemy_style_urls_are_normalised_for_libpq():
+    assert validate_database_url("postgresql+psycopg://u@h/db") == "postgresql://u@h/db"
