@@ -65,6 +65,7 @@ class TaskContext:
         self._conn: psycopg.Connection[Any] | None = None
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         self._conn_return: Callable[[], Any] | None = None
+        self.overrun: asyncio.Future[Any] | None = None
 
     def should_stop(self) -> bool:
         return self._stop.is_set()
@@ -253,8 +254,11 @@ class Executor:
             return result
         # A thread cannot be killed: flag it, record the failure, and let the thread's own
         # completion attempt be fenced off (its lease is gone once the failure is written).
+        # The worker keeps the slot until the thread returns (``overrun``), so a stuck
+        # handler never lets more threads run than the concurrency allows.
         ctx.timed_out = True
         ctx.stop()
+        ctx.overrun = future
         return Failed(f"timed out after {handler.timeout} s")
 
 

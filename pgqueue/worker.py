@@ -173,7 +173,6 @@ class Worker:
             max_size=4,
             open=False,
             kwargs={"autocommit": True, "connect_timeout": 10},
-            reconnect_timeout=0,
             name="pgqueue-worker",
         )
         await self._pool.open(wait=False)
@@ -366,6 +365,17 @@ class Worker:
             outcome = await executor.run(task, ctx, handler)
             if not running.released:
                 await self._record(running, outcome)
+            if ctx.overrun is not None:
+                event(
+                    "task.handler_overrun",
+                    logging.WARNING,
+                    task_id=task.id,
+                    type=task.type,
+                    attempt=task.attempts,
+                    note="timed out but its thread is still running; its slot stays taken",
+                )
+                with contextlib.suppress(Exception):
+                    await ctx.overrun
         except asyncio.CancelledError:
             pass  # released at shutdown; the task is back in the queue
         except Exception as exc:  # a bug of ours: never let it kill the loop
