@@ -47,8 +47,11 @@ class JsonFormatter(logging.Formatter):
         out: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
-            "event": getattr(record, "pgqueue_event", record.getMessage()),
+            "event": getattr(record, "pgqueue_event", "log"),
         }
+        if not hasattr(record, "pgqueue_event"):  # another library's record (psycopg's pool)
+            out["logger"] = record.name
+            out["message"] = record.getMessage()
         out.update(_fields(record))
         if record.exc_info:
             out["traceback"] = self.formatException(record.exc_info)
@@ -66,3 +69,8 @@ def configure(fmt: str = "text", level: str = "INFO") -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+    # psycopg's pool reports reconnections; give them the same format (and JSON) as ours.
+    driver = logging.getLogger("psycopg")
+    driver.handlers[:] = [handler]
+    driver.setLevel(max(logging.WARNING, logger.level))
+    driver.propagate = False

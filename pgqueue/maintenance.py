@@ -79,11 +79,24 @@ class Maintenance:
             out.dead += len(swept.dead)
             out.cancelled += len(swept.cancelled)
             for task_id in swept.dead:
+                type_, attempt = swept.details.get(task_id, ("?", 0))
                 event(
                     "task.dead",
                     logging.ERROR,
                     task_id=task_id,
-                    reason="lease expired on last attempt",
+                    type=type_,
+                    attempt=attempt,
+                    error="lease expired on the last attempt",
+                )
+            for task_id in swept.requeued:
+                type_, attempt = swept.details.get(task_id, ("?", 0))
+                event(
+                    "task.lease_expired",
+                    logging.WARNING,
+                    task_id=task_id,
+                    type=type_,
+                    attempt=attempt,
+                    note="worker stopped renewing the lease; requeued",
                 )
             if swept.total < self.config.batch_size:
                 break

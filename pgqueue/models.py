@@ -244,6 +244,8 @@ class SweepResult:
     requeued: list[uuid.UUID]
     dead: list[uuid.UUID]
     cancelled: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    #: task id -> (type, attempts), for logging what was swept
+    details: dict[uuid.UUID, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     @property
     def total(self) -> int:

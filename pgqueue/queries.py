@@ -405,6 +405,7 @@ def task_sweep_expired(limit: int, now: datetime | None = None) -> Op[SweepResul
         requeued=[r["id"] for r in rows if r["status"] == TaskStatus.QUEUED],
         dead=[r["id"] for r in rows if r["status"] == TaskStatus.FAILED],
         cancelled=[r["id"] for r in rows if r["status"] == TaskStatus.CANCELLED],
+        details={r["id"]: (r["type"], r["attempts"]) for r in rows},
     )
 
 

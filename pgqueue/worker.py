@@ -125,6 +125,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._pending_ready = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
         self._stop_requested = asyncio.Event()
         self._force_requested = asyncio.Event()
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -412,9 +413,7 @@ class Worker:
             event("task.lease_lost", logging.WARNING, **fields)
             return
         if isinstance(outcome, Cancelled):
-            ok = await self._with_db(
-                lambda c: _fenced(aio.cancel_leased(c, task.lease, outcome.reason))
-            )
+            ok = await self._with_db(lambda c: _fenced(_cancel(c, task.lease, outcome.reason)))
             event("task.cancelled" if ok else "task.lease_lost", **fields, reason=outcome.reason)
             return
         assert isinstance(outcome, Failed)
@@ -458,34 +457,47 @@ class Worker:
             await self._flush_completions()
 
     async def _flush_completions(self, final: bool = False) -> None:
-        while self._pending:
-            batch, self._pending[:] = self._pending[:1000], self._pending[1000:]
-            if not self._pending:
-                self._pending_ready.clear()
-            items = [(p.task.lease, p.result_json) for p in batch]
-            done = await self._with_db(
-                lambda c: arun(c, task_complete_many(items)),  # noqa: B023 - awaited in this iteration
-                attempts=5 if final else None,
-            )
-            for p in batch:
-                fields: dict[str, Any] = {
-                    "task_id": p.task.id,
-                    "type": p.task.type,
-                    "attempt": p.task.attempts,
-                    "duration_ms": round(p.duration * 1000, 1),
-                }
-                if done is not None and p.task.id in done:
-                    self.processed += 1
-                    event("task.completed", **fields)
-                else:
-                    event(
-                        "task.lease_lost",
-                        logging.WARNING,
-                        **fields,
-                        note="completed, but the lease was lost first; the task will run again",
-                    )
-            if not final and not self._pending:
-                self._pending_ready.clear()
+        """Write pending completions, a batch per statement.
+
+        Items leave ``_pending`` only once their write is done, so the heartbeat keeps their
+        leases alive meanwhile, and the lock makes shutdown's final flush wait for a write in
+        flight instead of finding the list empty and letting the process exit under it.
+        """
+        async with self._flush_lock:
+            while self._pending:
+                batch = self._pending[:1000]
+                items = [(p.task.lease, p.result_json) for p in batch]
+                done = await self._with_db(
+                    lambda c: arun(c, task_complete_many(items)),  # noqa: B023 - awaited here
+                    attempts=5 if final else None,
+                )
+                del self._pending[: len(batch)]  # appends only ever go to the end
+                for p in batch:
+                    fields: dict[str, Any] = {
+                        "task_id": p.task.id,
+                        "type": p.task.type,
+                        "attempt": p.task.attempts,
+                        "duration_ms": round(p.duration * 1000, 1),
+                    }
+                    if done is None:
+                        event(
+                            "task.outcome_unrecorded",
+                            logging.ERROR,
+                            **fields,
+                            note="completed, but the database was unreachable at shutdown; "
+                            "the task will run again when its lease expires",
+                        )
+                    elif p.task.id in done:
+                        self.processed += 1
+                        event("task.completed", **fields)
+                    else:
+                        event(
+                            "task.lease_lost",
+                            logging.WARNING,
+                            **fields,
+                            note="completed, but the lease was lost first; the task runs again",
+                        )
+            self._pending_ready.clear()
 
     # --- heartbeats and notifications ------------------------------------------------------
 
@@ -584,6 +596,11 @@ class Worker:
                 open=True,
             )
         return self._sync_handler_pool
+
+
+async def _cancel(conn: Any, lease: Lease, reason: str) -> bool:
+    await aio.cancel_leased(conn, lease, reason)
+    return True
 
 
 async def _fenced(write: Awaitable[T]) -> T | Literal[False]:

@@ -198,7 +198,7 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM expired AS e, clock
  WHERE t.id = e.id
-RETURNING t.id, t.status;
+RETURNING t.id, t.status, t.type, t.attempts;
 
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
