@@ -15,7 +15,7 @@ import queue
 import threading
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -46,7 +46,7 @@ class TaskContext:
         *,
         worker_id: str,
         sync_pool: Callable[[], ConnectionPool[Any]] | None = None,
-        async_pool: Callable[[], AsyncConnectionPool[Any]] | None = None,
+        async_pool: Callable[[], Awaitable[AsyncConnectionPool[Any]]] | None = None,
     ) -> None:
         self.task_id: uuid.UUID = task.id
         self.type = task.type
@@ -94,7 +94,7 @@ class TaskContext:
         if self._aconn is None:
             if self._async_pool is None:
                 raise RuntimeError("this context has no database connection to offer")
-            pool = self._async_pool()
+            pool = await self._async_pool()
             self._aconn = await pool.getconn()
         return self._aconn
 
@@ -319,5 +319,5 @@ async def _rollback_async(ctx: TaskContext) -> None:
 
 async def _release_async(ctx: TaskContext) -> None:
     if ctx._aconn is not None and ctx._async_pool is not None:
-        await ctx._async_pool().putconn(ctx._aconn)
+        await (await ctx._async_pool()).putconn(ctx._aconn)
     ctx._aconn = None

@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -126,6 +127,8 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._pending_ready = asyncio.Event()
         self._flush_lock = asyncio.Lock()
+        self._handler_pool_lock = asyncio.Lock()
+        self._sync_handler_pool_lock = threading.Lock()
         self._stop_requested = asyncio.Event()
         self._force_requested = asyncio.Event()
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -571,31 +574,36 @@ class Worker:
 
     # --- handler connections -----------------------------------------------------------------
 
-    def _get_handler_pool(self) -> AsyncConnectionPool[Any]:
-        if self._handler_pool is None:
-            self._handler_pool = AsyncConnectionPool(
-                self.database_url,
-                min_size=0,
-                max_size=self.config.concurrency,
-                open=False,
-                kwargs={"connect_timeout": 10},
-                name="pgqueue-handlers",
-            )
-            # Opening without waiting is synchronous bookkeeping; connections come on demand.
-            asyncio.get_running_loop().create_task(self._handler_pool.open(wait=False))
-        return self._handler_pool
+    # Handlers that write in their task's transaction get connections from these pools,
+    # created on first use so that workers whose handlers never ask hold no extra connections.
+
+    async def _get_handler_pool(self) -> AsyncConnectionPool[Any]:
+        async with self._handler_pool_lock:
+            if self._handler_pool is None:
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                    self.database_url,
+                    min_size=0,
+                    max_size=self.config.concurrency,
+                    open=False,
+                    kwargs={"connect_timeout": 10},
+                    name="pgqueue-handlers",
+                )
+                await pool.open(wait=False)
+                self._handler_pool = pool
+            return self._handler_pool
 
     def _get_sync_handler_pool(self) -> ConnectionPool[Any]:
-        if self._sync_handler_pool is None:
-            self._sync_handler_pool = ConnectionPool(
-                self.database_url,
-                min_size=0,
-                max_size=self.config.concurrency,
-                kwargs={"connect_timeout": 10},
-                name="pgqueue-sync-handlers",
-                open=True,
-            )
-        return self._sync_handler_pool
+        with self._sync_handler_pool_lock:  # called from handler threads
+            if self._sync_handler_pool is None:
+                self._sync_handler_pool = ConnectionPool(
+                    self.database_url,
+                    min_size=0,
+                    max_size=self.config.concurrency,
+                    kwargs={"connect_timeout": 10},
+                    name="pgqueue-sync-handlers",
+                    open=True,
+                )
+            return self._sync_handler_pool
 
 
 async def _cancel(conn: Any, lease: Lease, reason: str) -> bool:

@@ -123,3 +123,16 @@ def tx_write(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     if ctx.attempt <= int(payload.get("fail_attempts", 0)):
         raise RuntimeError(f"tx_write fails attempt {ctx.attempt} after writing")
     return {"written_on_attempt": ctx.attempt}
+
+
+@tasks.handler("tx_write_async")
+async def tx_write_async(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """``tx_write`` for async handlers, through ``await ctx.aconnection()``."""
+    record(ctx)
+    conn = await ctx.aconnection()
+    await conn.execute(
+        "INSERT INTO tx_writes (task_id, attempt) VALUES (%s, %s)", (ctx.task_id, ctx.attempt)
+    )
+    if ctx.attempt <= int(payload.get("fail_attempts", 0)):
+        raise RuntimeError(f"tx_write fails attempt {ctx.attempt} after writing")
+    return {"written_on_attempt": ctx.attempt}

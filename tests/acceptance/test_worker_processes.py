@@ -701,10 +701,11 @@ def test_cooperatively_cancelled_task_is_logged_as_cancelled_not_as_lease_lost(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tx_write", "tx_write_async"])
 def test_handler_writes_through_ctx_connection_commit_in_the_completing_transaction(
-    db: psycopg.Connection[Any], database_url: str, workers: Workers
+    db: psycopg.Connection[Any], database_url: str, workers: Workers, kind: str
 ) -> None:
-    (writer,) = enqueue(db, {"type": "tx_write"})
+    (writer,) = enqueue(db, {"type": kind})
     worker = workers.start(database_url, *FAST, name="w")
     wait_until(
         lambda: status_of(db, writer) == "completed",
@@ -732,10 +733,11 @@ def test_handler_writes_through_ctx_connection_commit_in_the_completing_transact
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tx_write", "tx_write_async"])
 def test_handler_writes_are_rolled_back_when_it_raises_and_the_task_is_retried(
-    db: psycopg.Connection[Any], database_url: str, workers: Workers
+    db: psycopg.Connection[Any], database_url: str, workers: Workers, kind: str
 ) -> None:
-    (writer,) = enqueue(db, {"type": "tx_write", "payload": {"fail_attempts": 1}})
+    (writer,) = enqueue(db, {"type": kind, "payload": {"fail_attempts": 1}})
     worker = workers.start(database_url, *FAST, name="w")
     wait_until(
         lambda: status_of(db, writer) == "completed",

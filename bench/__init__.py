@@ -1,0 +1,1 @@
+"""Benchmarks: each result is written down in bench/RESULTS.md next to the command that made it."""
