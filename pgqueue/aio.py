@@ -20,6 +20,7 @@ from pgqueue.models import (
     FailResult,
     Lease,
     QueueStats,
+    QueueThroughput,
     RetryPolicy,
     SweepResult,
     Task,
@@ -39,7 +40,7 @@ from pgqueue.operations import (
     list_args,
     parse_task_id,
 )
-from pgqueue.queries import HeartbeatResult, QueueThroughput, TaskSpec, arun
+from pgqueue.queries import HeartbeatResult, TaskSpec, arun
 
 
 async def enqueue(

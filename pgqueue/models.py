@@ -263,3 +263,12 @@ class QueueStats:
     ready: int
     scheduled: int
     oldest_ready_age_seconds: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueThroughput:
+    """Tasks of one queue that finished within a time window: completed and dead-lettered."""
+
+    queue: str
+    completed: int
+    failed: int

@@ -22,12 +22,13 @@ from pgqueue.models import (
     FailResult,
     Lease,
     QueueStats,
+    QueueThroughput,
     RetryPolicy,
     SweepResult,
     Task,
     TaskStatus,
 )
-from pgqueue.queries import HeartbeatResult, QueueThroughput, TaskSpec, run
+from pgqueue.queries import HeartbeatResult, TaskSpec, run
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0

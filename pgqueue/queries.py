@@ -30,6 +30,7 @@ from pgqueue.models import (
     Lease,
     Priority,
     QueueStats,
+    QueueThroughput,
     RetryPolicy,
     SweepResult,
     Task,
@@ -472,15 +473,6 @@ def task_prune(
 def queue_depth() -> Op[list[QueueStats]]:
     rows = yield Query("queue_depth", {})
     return [QueueStats(**r) for r in rows]
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueThroughput:
-    """Tasks of one queue that finished within a time window: completed and dead-lettered."""
-
-    queue: str
-    completed: int
-    failed: int
 
 
 def queue_throughput(
