@@ -496,3 +496,8 @@ def dumps(value: Any) -> str:
 def maintenance_try_lock() -> Op[bool]:
     rows = yield Query("maintenance_try_lock", {})
     return bool(rows[0]["locked"])
+
+
+def schema_version() -> Op[str | None]:
+    rows = yield Query("schema_version", {})
+    return str(rows[0]["version_num"]) if rows else None

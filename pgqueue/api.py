@@ -1,0 +1,709 @@
+"""The HTTP API: submit, inspect and cancel tasks, and operate the dead-letter queue.
+
+An ASGI application (FastAPI) over :mod:`pgqueue.aio`; it holds no SQL. Run it with
+``pgqueue serve``, or mount it in your own ASGI application::
+
+    from pgqueue.api import ApiSettings, create_app
+    app.mount("/queue", create_app(ApiSettings(database_url=URL, tokens={"s3cret"})))
+
+Status codes are fixed: 202 for a new task, 200 with ``Idempotent-Replayed: true`` when an
+idempotency key returns an existing task, 400 for malformed JSON, 401 without a valid bearer
+token (when tokens are configured), 404 for an unknown or malformed id, 409 for an operation
+the task's status does not allow, 413 for a body over the limit, 422 for invalid fields
+(the body names each field and the reason), 503 when the database cannot be reached.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hmac
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from psycopg_pool import AsyncConnectionPool
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from pgqueue import aio, queries
+from pgqueue.config import resolve_database_url
+from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidTaskState,
+    PgQueueError,
+    SchemaNotReady,
+    TaskNotFound,
+    ValidationError,
+)
+from pgqueue.models import MAX_ATTEMPTS, Task, TaskStatus
+
+ENV_TOKENS = "PGQUEUE_API_TOKENS"
+ENV_TOKENS_FILE = "PGQUEUE_API_TOKENS_FILE"
+ENV_MAX_BODY = "PGQUEUE_API_MAX_BODY_BYTES"
+DEFAULT_MAX_BODY = 1024 * 1024
+MAX_PAGE = 500
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSettings:
+    """How the API runs. ``tokens`` empty means no authentication (loopback use only)."""
+
+    database_url: str | None = None
+    tokens: frozenset[str] = frozenset()
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    pool_size: int = 10
+
+    @classmethod
+    def from_env(cls) -> ApiSettings:
+        """Tokens from ``PGQUEUE_API_TOKENS`` (comma-separated) and/or the file named by
+        ``PGQUEUE_API_TOKENS_FILE`` (one per line, # comments); the body limit from
+        ``PGQUEUE_API_MAX_BODY_BYTES``."""
+        tokens = {t.strip() for t in os.environ.get(ENV_TOKENS, "").split(",") if t.strip()}
+        path = os.environ.get(ENV_TOKENS_FILE, "").strip()
+        if path:
+            try:
+                lines = Path(path).read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ConfigurationError(f"{ENV_TOKENS_FILE}: cannot read {path}: {exc}") from None
+            tokens |= {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+        raw = os.environ.get(ENV_MAX_BODY, "").strip()
+        try:
+            max_body = int(raw) if raw else DEFAULT_MAX_BODY
+        except ValueError:
+            raise ConfigurationError(f"{ENV_MAX_BODY} must be an integer, not {raw!r}") from None
+        if max_body < 1024:
+            raise ConfigurationError(f"{ENV_MAX_BODY} must be at least 1024, not {max_body}")
+        return cls(tokens=frozenset(tokens), max_body_bytes=max_body)
+
+
+# --- wire models -----------------------------------------------------------------------------
+
+
+class SubmitTask(BaseModel):
+    """A task to submit. ``run_at`` (with a time zone) or ``delay_seconds`` schedules it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(min_length=1, max_length=200, examples=["send_email"])
+    payload: dict[str, Any] = Field(default_factory=dict, examples=[{"to": "a@example.com"}])
+    priority: Literal["high", "normal", "low"] = "normal"
+    queue: str = Field("default", min_length=1, max_length=200)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+    run_at: AwareDatetime | None = None
+    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
+    max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+
+
+class TaskOut(BaseModel):
+    task_id: uuid.UUID
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
+    created_at: datetime
+    type: str
+    queue: str
+    priority: str
+    payload: dict[str, Any]
+    result: Any = None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    idempotency_key: str | None
+    cancel_requested: bool
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, task: Task) -> TaskOut:
+        return cls(
+            task_id=task.id,
+            status=task.status.value,
+            created_at=task.created_at,
+            type=task.type,
+            queue=task.queue,
+            priority=task.priority.label,
+            payload=task.payload,
+            result=task.result,
+            attempts=task.attempts,
+            max_attempts=task.max_attempts,
+            last_error=task.last_error,
+            idempotency_key=task.idempotency_key,
+            cancel_requested=task.cancel_requested,
+            run_at=task.visible_after,
+            started_at=task.started_at,
+            finished_at=task.finished_at,
+        )
+
+
+class TaskPage(BaseModel):
+    items: list[TaskOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class CancelOut(BaseModel):
+    task_id: uuid.UUID
+    status: Literal["cancelled", "running"]
+    cancel_requested: bool
+
+
+class DeadLetterFilter(BaseModel):
+    """Which dead letters to act on: by type and/or queue, or ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str | None = Field(None, min_length=1, max_length=200)
+    queue: str | None = Field(None, min_length=1, max_length=200)
+    all: bool = False
+    limit: int = Field(1000, ge=1, le=10_000, description="At most this many per call.")
+
+
+class BulkOut(BaseModel):
+    count: int
+    task_ids: list[uuid.UUID]
+
+
+class DepthRow(BaseModel):
+    queue: str
+    priority: str
+    status: str
+    tasks: int
+    ready: int
+    scheduled: int
+    oldest_ready_age_seconds: float | None
+
+
+class ThroughputRow(BaseModel):
+    queue: str
+    completed: int
+    failed: int
+
+
+class StatsOut(BaseModel):
+    depth: list[DepthRow]
+    throughput: list[ThroughputRow]
+    window_seconds: float
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: str
+    message: str
+    status: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class HealthOut(BaseModel):
+    status: str
+    schema_revision: str | None = None
+
+
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    text = {
+        400: "Malformed JSON",
+        401: "Missing or invalid bearer token",
+        404: "No such task",
+        409: "The task's status does not allow this",
+        413: "Body too large",
+        422: "Invalid fields",
+        503: "Database unavailable",
+    }
+    return {c: {"model": ErrorOut, "description": text[c]} for c in codes}
+
+
+COMMON = (401, 413, 422, 503)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _error(code: int, error: str, message: str, **extra: Any) -> JSONResponse:
+    body = ErrorOut(error=error, message=message, **extra).model_dump(exclude_none=True)
+    headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return _error(400, "malformed_json", "the request body is not valid JSON")
+    fields = [
+        FieldError(field=_field_name(tuple(e.get("loc", ()))), message=str(e.get("msg", "")))
+        for e in errors
+    ]
+    return _error(
+        422, "invalid_request", "; ".join(f"{f.field}: {f.message}" for f in fields), errors=fields
+    )
+
+
+async def _on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, ValidationError):
+        return _error(
+            422,
+            "invalid_request",
+            str(exc),
+            errors=[FieldError(field=exc.field, message=exc.reason)],
+        )
+    if isinstance(exc, TaskNotFound):
+        return _error(404, "not_found", str(exc))
+    if isinstance(exc, InvalidTaskState):
+        return _error(409, "conflict", str(exc), status=exc.status)
+    if isinstance(exc, SchemaNotReady | DatabaseUnavailable):
+        return _error(503, "unavailable", str(exc))
+    return _error(500, "internal_error", "unexpected error")
+
+
+# --- the body limit (before FastAPI reads the body) -------------------------------------------
+
+ASGIApp = Callable[..., Awaitable[None]]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413 without reading them into memory whole:
+    by Content-Length when given, and by counting the stream otherwise."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.limit:
+                    await self._reject(send)
+                    return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send)
+
+    async def _reject(self, send: Any) -> None:
+        response = _error(413, "body_too_large", f"the request body exceeds {self.limit} bytes")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(response.body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": response.body})
+
+
+# --- the application -------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        self.pool: AsyncConnectionPool[Any] | None = None
+        self.head: str | None = None
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "pgqueue_api_requests_total",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "pgqueue_api_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=self.registry,
+        )
+        self.submitted = Counter(
+            "pgqueue_api_tasks_submitted_total",
+            "Tasks submitted",
+            ["queue", "outcome"],
+            registry=self.registry,
+        )
+        self.depth = Gauge(
+            "pgqueue_queue_depth",
+            "Tasks by queue, priority and status",
+            ["queue", "priority", "status"],
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "pgqueue_queue_ready",
+            "Queued tasks that are due now",
+            ["queue", "priority"],
+            registry=self.registry,
+        )
+        self.oldest = Gauge(
+            "pgqueue_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready task",
+            ["queue", "priority"],
+            registry=self.registry,
+        )
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        if self.pool is None:
+            raise DatabaseUnavailable("the API's database pool is not open")
+        try:
+            async with self.pool.connection(timeout=5) as conn:
+                yield conn
+        except PgQueueError:
+            raise
+        except Exception as exc:
+            if type(exc).__name__ == "PoolTimeout" or "Operational" in type(exc).__name__:
+                raise DatabaseUnavailable(f"database unavailable: {exc}") from None
+            raise
+
+
+def _encode_cursor(task: Task) -> str:
+    raw = f"{task.created_at.isoformat()}|{task.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, _, task_id = raw.partition("|")
+        return datetime.fromisoformat(created), uuid.UUID(task_id)
+    except (ValueError, UnicodeDecodeError):
+        raise ValidationError("cursor", "is not a cursor this API returned") from None
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """The API as an ASGI app; mount it anywhere."""
+    settings = settings or ApiSettings.from_env()
+    state = _State(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        import asyncio
+
+        from pgqueue import migrate
+
+        url = await asyncio.to_thread(resolve_database_url, settings.database_url)
+        state.head = await asyncio.to_thread(migrate.head)
+        state.pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=settings.pool_size,
+            open=False,
+            kwargs={"connect_timeout": 5},
+            name="pgqueue-api",
+        )
+        await state.pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await state.pool.close()
+
+    app = FastAPI(
+        title="pgqueue",
+        version="1",
+        summary="Submit, inspect and cancel tasks of a PostgreSQL-backed job queue.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(PgQueueError, _on_pgqueue_error)
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Any) -> Response:
+        started = time.perf_counter()
+        response: Response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        state.latency.labels(request.method, route).observe(time.perf_counter() - started)
+        state.requests.labels(request.method, route, str(response.status_code)).inc()
+        return response
+
+    async def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
+        if not settings.tokens:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise _Unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
+        if not any(hmac.compare_digest(token.encode(), t.encode()) for t in settings.tokens):
+            raise _Unauthorized("the bearer token is not valid")
+
+    async def on_unauthorized(request: Request, exc: Exception) -> JSONResponse:
+        return _error(401, "unauthorized", str(exc))
+
+    app.add_exception_handler(_Unauthorized, on_unauthorized)
+
+    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize)])
+
+    @api.post(
+        "/tasks",
+        status_code=202,
+        response_model=TaskOut,
+        responses={
+            200: {
+                "model": TaskOut,
+                "description": "The idempotency key was used before: the original task, unchanged",
+            },
+            **_responses(400, *COMMON),
+        },
+    )
+    async def submit(
+        body: SubmitTask,
+        response: Response,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+        ] = None,
+    ) -> TaskOut:
+        """Submit a task: 202 with the new task, or 200 with the original one when its
+        idempotency key (body field or ``Idempotency-Key`` header) was used before."""
+        key = body.idempotency_key or idempotency_key
+        if body.idempotency_key and idempotency_key and body.idempotency_key != idempotency_key:
+            raise ValidationError("idempotency_key", "the header and the body field differ")
+        async with state.connection() as conn:
+            result = await aio.enqueue(
+                conn,
+                body.type,
+                body.payload,
+                priority=body.priority,
+                queue=body.queue,
+                idempotency_key=key,
+                run_at=body.run_at,
+                delay=body.delay_seconds,
+                max_attempts=body.max_attempts,
+            )
+        state.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
+        if not result.created:
+            response.status_code = 200
+            response.headers["Idempotent-Replayed"] = "true"
+        return TaskOut.of(result.task)
+
+    @api.get("/tasks/{task_id}", response_model=TaskOut, responses=_responses(404, *COMMON))
+    async def get_task(task_id: str) -> TaskOut:
+        """A task's status, result, attempts, last error and timestamps."""
+        async with state.connection() as conn:
+            return TaskOut.of(await aio.get_task(conn, task_id))
+
+    @api.delete(
+        "/tasks/{task_id}",
+        response_model=CancelOut,
+        responses={
+            202: {
+                "model": CancelOut,
+                "description": "Running: cancellation requested; the handler decides",
+            },
+            **_responses(404, 409, *COMMON),
+        },
+    )
+    async def cancel_task(task_id: str, response: Response) -> CancelOut:
+        """Cancel a task: 200 when it was queued (it will never run); 202 when it is running
+        (its handler is asked to stop); 409 when it has already finished."""
+        async with state.connection() as conn:
+            task = await aio.cancel(conn, task_id)
+        if task.status is TaskStatus.RUNNING:
+            response.status_code = 202
+            return CancelOut(task_id=task.id, status="running", cancel_requested=True)
+        return CancelOut(task_id=task.id, status="cancelled", cancel_requested=True)
+
+    async def _page(
+        status: TaskStatus | str | None,
+        type: str | None,
+        queue: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> TaskPage:
+        before = _decode_cursor(cursor) if cursor else None
+        async with state.connection() as conn:
+            tasks = await aio.list_tasks(
+                conn, status=status, type=type, queue=queue, limit=limit, before=before
+            )
+        next_cursor = _encode_cursor(tasks[-1]) if len(tasks) == limit else None
+        return TaskPage(items=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
+
+    Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+    Name = Annotated[str | None, Query(min_length=1, max_length=200)]
+
+    @api.get("/tasks", response_model=TaskPage, responses=_responses(*COMMON))
+    async def list_tasks(
+        status: Literal["queued", "running", "completed", "failed", "cancelled"] | None = None,
+        type: Name = None,
+        queue: Name = None,
+        limit: Limit = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> TaskPage:
+        """Tasks newest first, filtered; follow ``next_cursor`` for more."""
+        return await _page(status, type, queue, limit, cursor)
+
+    @api.get("/dead-letters", response_model=TaskPage, responses=_responses(*COMMON))
+    async def list_dead_letters(
+        type: Name = None,
+        queue: Name = None,
+        limit: Limit = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> TaskPage:
+        """The dead-letter queue (status ``failed``), newest first."""
+        return await _page(TaskStatus.FAILED, type, queue, limit, cursor)
+
+    @api.post(
+        "/dead-letters/{task_id}/replay",
+        response_model=TaskOut,
+        responses=_responses(404, 409, *COMMON),
+    )
+    async def replay_one(task_id: str) -> TaskOut:
+        """Put one dead letter back in the queue with fresh attempts."""
+        async with state.connection() as conn:
+            done = await aio.replay(conn, [task_id], limit=1)
+            task = await aio.get_task(conn, task_id)
+        if not done:
+            raise InvalidTaskState(task.id, task.status.value, "is not a dead letter")
+        return TaskOut.of(task)
+
+    def _selection(body: DeadLetterFilter) -> None:
+        if not (body.all or body.type or body.queue):
+            raise ValidationError("all", "give type and/or queue, or all: true")
+        if body.all and (body.type or body.queue):
+            raise ValidationError("all", "all: true cannot be combined with a filter")
+
+    @api.post("/dead-letters/replay", response_model=BulkOut, responses=_responses(*COMMON))
+    async def replay_many(body: DeadLetterFilter) -> BulkOut:
+        """Replay dead letters matching the filter (at most ``limit`` per call)."""
+        _selection(body)
+        async with state.connection() as conn:
+            ids = await aio.replay(conn, type=body.type, queue=body.queue, limit=body.limit)
+        return BulkOut(count=len(ids), task_ids=ids)
+
+    @api.delete(
+        "/dead-letters/{task_id}", response_model=BulkOut, responses=_responses(404, 409, *COMMON)
+    )
+    async def discard_one(task_id: str) -> BulkOut:
+        """Delete one dead letter for good."""
+        async with state.connection() as conn:
+            task = await aio.get_task(conn, task_id)
+            ids = await aio.discard(conn, [task.id], limit=1)
+        if not ids:
+            raise InvalidTaskState(task.id, task.status.value, "is not a dead letter")
+        return BulkOut(count=1, task_ids=ids)
+
+    @api.post("/dead-letters/discard", response_model=BulkOut, responses=_responses(*COMMON))
+    async def discard_many(body: DeadLetterFilter) -> BulkOut:
+        """Delete dead letters matching the filter (at most ``limit`` per call)."""
+        _selection(body)
+        async with state.connection() as conn:
+            ids = await aio.discard(conn, type=body.type, queue=body.queue, limit=body.limit)
+        return BulkOut(count=len(ids), task_ids=ids)
+
+    @api.get("/stats", response_model=StatsOut, responses=_responses(*COMMON))
+    async def stats(
+        window_seconds: Annotated[float, Query(gt=0, le=86400)] = 60.0,
+    ) -> StatsOut:
+        """Depth per queue, priority and status with the oldest ready task's age (the
+        autoscaling signal), and tasks finished per queue in the last ``window_seconds``."""
+        async with state.connection() as conn:
+            depth = await aio.queue_stats(conn)
+            done = await aio.throughput(conn, window_seconds=window_seconds)
+        return StatsOut(
+            depth=[DepthRow(**dataclasses.asdict(d)) for d in depth],
+            throughput=[ThroughputRow(**dataclasses.asdict(t)) for t in done],
+            window_seconds=window_seconds,
+        )
+
+    async def metrics() -> Response:
+        with contextlib.suppress(PgQueueError):
+            async with state.connection() as conn:
+                depth = await aio.queue_stats(conn)
+            state.depth.clear()
+            state.ready.clear()
+            state.oldest.clear()
+            for d in depth:
+                state.depth.labels(d.queue, d.priority, d.status).set(d.tasks)
+                if d.status == TaskStatus.QUEUED:
+                    state.ready.labels(d.queue, d.priority).set(d.ready)
+                    state.oldest.labels(d.queue, d.priority).set(d.oldest_ready_age_seconds or 0)
+        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(api)
+    app.add_api_route(
+        "/metrics",
+        metrics,
+        methods=["GET"],
+        include_in_schema=False,
+        dependencies=[Depends(authorize)],
+    )
+
+    @app.get("/healthz", response_model=HealthOut)
+    async def healthz() -> HealthOut:
+        """The process is alive (no database access, no authentication)."""
+        return HealthOut(status="ok")
+
+    @app.get("/readyz", response_model=HealthOut, responses={503: {"model": ErrorOut}})
+    async def readyz() -> Any:
+        """The database is reachable and its schema is at this pgqueue's revision."""
+        try:
+            async with state.connection() as conn:
+                revision = await queries.arun(conn, queries.schema_version())
+        except PgQueueError as exc:
+            return _error(503, "not_ready", str(exc))
+        if revision != state.head:
+            return _error(
+                503, "not_ready", f"schema at {revision}, needs {state.head}: run `pgqueue migrate`"
+            )
+        return HealthOut(status="ready", schema_revision=revision)
+
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory pgqueue.api:app_from_env`` (what ``pgqueue serve`` runs)."""
+    settings = ApiSettings.from_env()
+    url = os.environ.get("PGQUEUE_DATABASE_URL") or None
+    return create_app(dataclasses.replace(settings, database_url=url))
