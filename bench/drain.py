@@ -62,10 +62,20 @@ def main() -> None:
 
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
         command = [
-            sys.executable, "-m", "pgqueue", "--database-url", url, "worker",
-            "bench.handlers:tasks", "--processes", str(args.processes),
-            "--concurrency", str(args.concurrency), "--log-level", "WARNING",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pgqueue",
+            "--database-url",
+            url,
+            "worker",
+            "bench.handlers:tasks",
+            "--processes",
+            str(args.processes),
+            "--concurrency",
+            str(args.concurrency),
+            "--log-level",
+            "WARNING",
+        ]
         started = time.perf_counter()
         worker = subprocess.Popen(command, env=env)
         first_done = None
