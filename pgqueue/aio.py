@@ -32,6 +32,7 @@ from pgqueue.operations import (
     DEFAULT_LEASE_SECONDS,
     _results,
     as_spec,
+    check_filters,
     check_lease,
     check_limit,
     check_retry_after,
@@ -91,6 +92,7 @@ async def replay(
     limit: int = 1000,
     now: datetime | None = None,
 ) -> list[uuid.UUID]:
+    check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
     return await arun(conn, queries.task_replay(parsed, type, queue, check_limit(limit), now))
 
@@ -104,6 +106,7 @@ async def discard(
     queue: str | None = None,
     limit: int = 1000,
 ) -> list[uuid.UUID]:
+    check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
     return await arun(conn, queries.task_discard(parsed, type, queue, check_limit(limit)))
 

@@ -27,13 +27,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+import psycopg
+from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue import aio, queries
 from pgqueue.config import resolve_database_url
@@ -80,7 +82,7 @@ class ApiSettings:
                 lines = Path(path).read_text(encoding="utf-8").splitlines()
             except OSError as exc:
                 raise ConfigurationError(f"{ENV_TOKENS_FILE}: cannot read {path}: {exc}") from None
-            tokens |= {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+            tokens |= {t for t in (ln.strip() for ln in lines) if t and not t.startswith("#")}
         raw = os.environ.get(ENV_MAX_BODY, "").strip()
         try:
             max_body = int(raw) if raw else DEFAULT_MAX_BODY
@@ -231,6 +233,13 @@ def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 COMMON = (401, 413, 422, 503)
 
 
+# Query parameters shared by the list endpoints (module level: FastAPI resolves annotations
+# by name, and `from __future__ import annotations` makes them names).
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+Name = Annotated[str | None, Query(min_length=1, max_length=200)]
+Cursor = Annotated[str | None, Query(max_length=200)]
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 
@@ -259,6 +268,14 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    names = {404: "not_found", 405: "method_not_allowed"}
+    response = _error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
 async def _on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ValidationError):
         return _error(
@@ -281,13 +298,10 @@ async def _on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
 ASGIApp = Callable[..., Awaitable[None]]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """Refuse bodies over ``limit`` bytes with 413 without reading them into memory whole:
-    by Content-Length when given, and by counting the stream otherwise."""
+    """Refuse bodies over ``limit`` bytes with 413 before the application parses them: by
+    Content-Length when given, and otherwise by reading at most ``limit`` bytes of the stream
+    (chunked uploads) and stopping there. A body within the limit is handed on whole."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -298,51 +312,77 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.limit:
-                    await self._reject(send)
-                    return
-        seen = 0
-        started = False
-
-        async def counting_receive() -> Any:
-            nonlocal seen
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await _send_error(send, _too_large(self.limit))
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await _send_error(send, _too_large(self.limit))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        async def tracking_send(message: Any) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def replay() -> Any:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(send)
+        await self.app(scope, replay, send)
 
-    async def _reject(self, send: Any) -> None:
-        response = _error(413, "body_too_large", f"the request body exceeds {self.limit} bytes")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(response.body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": response.body})
+
+class BearerAuth:
+    """With tokens configured, every request but /healthz and /readyz needs
+    ``Authorization: Bearer TOKEN``; checked before the body is read or parsed."""
+
+    OPEN = ("/healthz", "/readyz")
+
+    def __init__(self, app: ASGIApp, tokens: frozenset[str]) -> None:
+        self.app = app
+        self.tokens = [t.encode() for t in tokens]
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.tokens:
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        if path in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers", [])).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            problem = "a bearer token is required (Authorization: Bearer TOKEN)"
+        elif not any(hmac.compare_digest(token.strip(), t) for t in self.tokens):
+            problem = "the bearer token is not valid"
+        else:
+            await self.app(scope, receive, send)
+            return
+        await _send_error(send, _error(401, "unauthorized", problem))
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return _error(413, "body_too_large", f"the request body exceeds {limit} bytes")
+
+
+async def _send_error(send: Any, response: JSONResponse) -> None:
+    headers = [(k.encode(), v.encode()) for k, v in response.headers.items()]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
 
 
 # --- the application -------------------------------------------------------------------------
@@ -398,12 +438,8 @@ class _State:
         try:
             async with self.pool.connection(timeout=5) as conn:
                 yield conn
-        except PgQueueError:
-            raise
-        except Exception as exc:
-            if type(exc).__name__ == "PoolTimeout" or "Operational" in type(exc).__name__:
-                raise DatabaseUnavailable(f"database unavailable: {exc}") from None
-            raise
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise DatabaseUnavailable(f"database unavailable: {exc}") from None
 
 
 def _encode_cursor(task: Task) -> str:
@@ -455,6 +491,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(PgQueueError, _on_pgqueue_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Any) -> Response:
@@ -465,21 +502,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         state.requests.labels(request.method, route, str(response.status_code)).inc()
         return response
 
-    async def authorize(authorization: Annotated[str | None, Header()] = None) -> None:
-        if not settings.tokens:
-            return
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise _Unauthorized("a bearer token is required (Authorization: Bearer TOKEN)")
-        if not any(hmac.compare_digest(token.encode(), t.encode()) for t in settings.tokens):
-            raise _Unauthorized("the bearer token is not valid")
-
-    async def on_unauthorized(request: Request, exc: Exception) -> JSONResponse:
-        return _error(401, "unauthorized", str(exc))
-
-    app.add_exception_handler(_Unauthorized, on_unauthorized)
-
-    api = APIRouter(prefix="/api/v1", dependencies=[Depends(authorize)])
+    api = APIRouter(prefix="/api/v1")
 
     @api.post(
         "/tasks",
@@ -565,16 +588,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         next_cursor = _encode_cursor(tasks[-1]) if len(tasks) == limit else None
         return TaskPage(items=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
 
-    Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
-    Name = Annotated[str | None, Query(min_length=1, max_length=200)]
-
     @api.get("/tasks", response_model=TaskPage, responses=_responses(*COMMON))
     async def list_tasks(
         status: Literal["queued", "running", "completed", "failed", "cancelled"] | None = None,
         type: Name = None,
         queue: Name = None,
         limit: Limit = 50,
-        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Cursor = None,
     ) -> TaskPage:
         """Tasks newest first, filtered; follow ``next_cursor`` for more."""
         return await _page(status, type, queue, limit, cursor)
@@ -584,7 +604,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         type: Name = None,
         queue: Name = None,
         limit: Limit = 50,
-        cursor: Annotated[str | None, Query(max_length=200)] = None,
+        cursor: Cursor = None,
     ) -> TaskPage:
         """The dead-letter queue (status ``failed``), newest first."""
         return await _page(TaskStatus.FAILED, type, queue, limit, cursor)
@@ -667,13 +687,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
-    app.add_api_route(
-        "/metrics",
-        metrics,
-        methods=["GET"],
-        include_in_schema=False,
-        dependencies=[Depends(authorize)],
-    )
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
 
     @app.get("/healthz", response_model=HealthOut)
     async def healthz() -> HealthOut:
@@ -695,11 +709,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         return HealthOut(status="ready", schema_revision=revision)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BearerAuth, tokens=settings.tokens)  # outermost: before any body
     return app
-
-
-class _Unauthorized(Exception):
-    pass
 
 
 def app_from_env() -> FastAPI:

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue import config
@@ -122,6 +122,10 @@ def prepare(
             raise ValidationError("run_at", f"must be a datetime, not {run_at.__class__.__name__}")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise ValidationError("run_at", "must be timezone-aware (e.g. datetime.now(UTC))")
+        try:
+            run_at.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("run_at", "is outside the years 1 to 9999 in UTC") from None
     delay_seconds = 0.0
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, int | float):

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pgqueue import queries
-from pgqueue.enqueue import prepare
+from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import TaskNotFound, ValidationError
 from pgqueue.models import (
     ClaimedTask,
@@ -120,6 +120,13 @@ def check_unique(specs: Iterable[TaskSpec]) -> list[TaskSpec]:
     return out
 
 
+def check_filters(**filters: str | None) -> None:
+    """Filter values are names: refuse what no task can have (NUL, over-long) up front."""
+    for field, value in filters.items():
+        if value is not None:
+            check_name(field, value)
+
+
 def list_args(
     status: TaskStatus | str | None,
     type: str | None,
@@ -128,6 +135,7 @@ def list_args(
     before: Task | tuple[datetime, uuid.UUID] | None,
 ) -> dict[str, Any]:
     cursor = (before.created_at, before.id) if isinstance(before, Task) else before
+    check_filters(type=type, queue=queue)
     return {
         "status": parse_status(status),
         "type": type,
@@ -219,6 +227,7 @@ def replay(
     Works in batches of at most ``limit``; call again until it returns an empty list to replay
     more. Returns the ids replayed.
     """
+    check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
     return run(conn, queries.task_replay(parsed, type, queue, check_limit(limit), now))
 
@@ -233,6 +242,7 @@ def discard(
     limit: int = 1000,
 ) -> list[uuid.UUID]:
     """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids."""
+    check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
     return run(conn, queries.task_discard(parsed, type, queue, check_limit(limit)))
 
