@@ -15,6 +15,7 @@ the task's status does not allow, 413 for a body over the limit, 422 for invalid
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -423,6 +424,7 @@ class _State:
         self.settings = settings
         self.pool: AsyncConnectionPool[Any] | None = None
         self.head: str | None = None
+        self._opening = asyncio.Lock()
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "pgqueue_api_requests_total",
@@ -461,10 +463,40 @@ class _State:
             registry=self.registry,
         )
 
+    async def open(self) -> None:
+        """Resolve the URL (maybe starting the embedded server) and open the pool, once.
+
+        Called by the lifespan, and on first use too: an app mounted inside another ASGI app
+        does not get lifespan events from Starlette's Mount.
+        """
+        async with self._opening:
+            if self.pool is not None:
+                return
+            from pgqueue import migrate
+
+            url = await asyncio.to_thread(resolve_database_url, self.settings.database_url)
+            self.head = await asyncio.to_thread(migrate.head)
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                url,
+                min_size=1,
+                max_size=self.settings.pool_size,
+                open=False,
+                kwargs={"connect_timeout": 5},
+                name="pgqueue-api",
+            )
+            await pool.open(wait=False)
+            self.pool = pool
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+            self.pool = None
+
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
         if self.pool is None:
-            raise DatabaseUnavailable("the API's database pool is not open")
+            await self.open()
+        assert self.pool is not None
         try:
             async with self.pool.connection(timeout=5) as conn:
                 yield conn
@@ -493,25 +525,11 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        import asyncio
-
-        from pgqueue import migrate
-
-        url = await asyncio.to_thread(resolve_database_url, settings.database_url)
-        state.head = await asyncio.to_thread(migrate.head)
-        state.pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=settings.pool_size,
-            open=False,
-            kwargs={"connect_timeout": 5},
-            name="pgqueue-api",
-        )
-        await state.pool.open(wait=False)
+        await state.open()
         try:
             yield
         finally:
-            await state.pool.close()
+            await state.close()
 
     app = FastAPI(
         title="pgqueue",

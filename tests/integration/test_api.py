@@ -1502,3 +1502,33 @@ def test_dead_letter_filters_with_a_nul_are_422_not_500(shared_client):
         assert response.json()["errors"][0]["field"] == "type"
     listed = shared_client.get("/api/v1/tasks", params={"queue": "q\u0000"})
     assert listed.status_code == 422
+
+
+def test_the_api_works_mounted_inside_another_asgi_app(database_url):
+    """Starlette's Mount sends no lifespan events to the mounted app: it must open its pool
+    on first use, and authentication must apply under the mount prefix."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = Starlette(
+        routes=[Mount("/queue", create_app(ApiSettings(database_url, frozenset({TOKEN}))))]
+    )
+    config = uvicorn.Config(outer, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), 30, "the server to start")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/queue", timeout=30) as client:
+            assert client.get("/healthz").status_code == 200
+            assert client.post("/api/v1/tasks", json={"type": "t"}).status_code == 401
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            made = client.post("/api/v1/tasks", json={"type": "t"}, headers=auth)
+            assert made.status_code == 202
+            got = client.get(f"/api/v1/tasks/{made.json()['task_id']}", headers=auth)
+            assert got.json()["status"] == "queued"
+            assert client.get("/readyz").json()["status"] == "ready"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
