@@ -223,7 +223,6 @@ def test_the_openapi_document_is_served(live_url: str) -> None:
     assert "/api/v1/tasks" in document["paths"]
 
 
-# Known failures (2026-11-30, at 700f3fd), for the API owner: remove the mark once fixed.
 def _headline(exc: BaseException) -> str:
     """What failed, without the values: one key per distinct failure."""
     if isinstance(exc, BaseExceptionGroup):
