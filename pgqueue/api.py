@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import APIRouter, FastAPI, Header, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Header, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue import aio, queries
@@ -108,7 +109,7 @@ class SubmitTask(BaseModel):
     queue: str = Field("default", min_length=1, max_length=200)
     idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     run_at: AwareDatetime | None = None
-    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
+    delay_seconds: Annotated[float, Strict()] | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
     max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
 
 
@@ -541,7 +542,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.add_exception_handler(PgQueueError, _on_pgqueue_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
 
-    api = APIRouter(prefix="/api/v1")
+    # Authentication is enforced by the BearerAuth middleware (before any body is read);
+    # this dependency only declares the scheme in the OpenAPI document.
+    bearer = HTTPBearer(auto_error=False, description="A token from PGQUEUE_API_TOKENS")
+    api = APIRouter(prefix="/api/v1", dependencies=[Security(bearer)] if settings.tokens else [])
 
     @api.post(
         "/tasks",
