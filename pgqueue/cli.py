@@ -835,6 +835,31 @@ def serve(
     )
 
 
+embedded_app = typer.Typer(
+    help="The embedded PostgreSQL used when no database URL is configured.",
+    no_args_is_help=True,
+)
+app.add_typer(embedded_app, name="embedded")
+
+
+@embedded_app.command("url")
+def embedded_url() -> None:
+    """Start the embedded server if needed and print its URL (for psql and other tools)."""
+    from pgqueue import embedded
+
+    url = embedded.database_url()
+    emit({"url": url, "data_dir": str(embedded.data_dir())}, url)
+
+
+@embedded_app.command("stop")
+def embedded_stop() -> None:
+    """Stop the embedded server (its data stays; the next command starts it again)."""
+    from pgqueue import embedded
+
+    stopped = embedded.stop()
+    emit({"stopped": stopped}, "stopped" if stopped else "the embedded server was not running")
+
+
 @app.command()
 def demo() -> None:
     """See pgqueue work: migrate, enqueue a mix of tasks, run a worker, summarise."""
