@@ -95,5 +95,6 @@ class Client:
     replay = _in_transaction(operations.replay)
     discard = _in_transaction(operations.discard)
     queue_stats = _in_transaction(operations.queue_stats)
+    throughput = _in_transaction(operations.throughput)
     sweep_expired = _in_transaction(operations.sweep_expired)
     prune = _in_transaction(operations.prune)
