@@ -34,6 +34,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from helpers import make_dead_letters as shared_dead_letters
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgqueue
@@ -255,28 +256,10 @@ def make_completed(conn: psycopg.Connection[Any], result: Any, queue: str = "don
     return task_id
 
 
-def make_dead_letters(
-    conn: psycopg.Connection[Any],
-    count: int,
-    *,
-    type: str = "boom",
-    queue: str = "dlq-src",
-    error: str = "ValueError: boom",
-) -> list[uuid.UUID]:
-    """``count`` dead letters: enqueued with max_attempts=1, claimed, failed."""
-    made = pgqueue.enqueue_many(
-        conn,
-        [
-            {"type": type, "queue": queue, "payload": {"n": i}, "max_attempts": 1}
-            for i in range(count)
-        ],
-    )
-    with conn.transaction():
-        claimed = pgqueue.claim(conn, [queue], limit=count, worker_id="test-worker")
-        assert {t.id for t in claimed} == {r.id for r in made}
-        for task in claimed:
-            pgqueue.fail(conn, task.lease, error)
-    return [r.id for r in made]
+def make_dead_letters(conn: psycopg.Connection[Any], count: int, **options: Any) -> list[uuid.UUID]:
+    """Dead letters in this module's own queue unless told otherwise."""
+    options.setdefault("queue", "dlq-src")
+    return shared_dead_letters(conn, count, **options)
 
 
 def status_of(conn: psycopg.Connection[Any], task_id: Any) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers import make_dead_letters
 from typer.testing import CliRunner
 
 import pgqueue
@@ -63,30 +64,6 @@ def one_line_error(proc: subprocess.CompletedProcess[str], exit_code: int) -> st
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: "), proc.stderr
     return lines[0]
-
-
-def make_dead_letters(
-    conn: psycopg.Connection[Any],
-    count: int,
-    *,
-    type: str = "boom",
-    queue: str = "default",
-    error: str = "ValueError: boom",
-) -> list[uuid.UUID]:
-    """``count`` dead letters, made fast: one insert, one claim, then fail with 1 attempt."""
-    created = pgqueue.enqueue_many(
-        conn,
-        [
-            {"type": type, "queue": queue, "payload": {"n": i}, "max_attempts": 1}
-            for i in range(count)
-        ],
-    )
-    with conn.transaction():
-        claimed = pgqueue.claim(conn, [queue], limit=count, worker_id="test")
-        assert {t.id for t in claimed} == {r.id for r in created}
-        for task in claimed:
-            pgqueue.fail(conn, task.lease, error)
-    return [r.id for r in created]
 
 
 def make_running(conn: psycopg.Connection[Any], type: str = "slow") -> pgqueue.ClaimedTask:
