@@ -68,15 +68,24 @@ SELECT * FROM pgqueue.tasks
 -- name: task_claim
 -- The heart of the queue. The CTE picks the next visible tasks in (priority, created_at)
 -- order and SKIP LOCKED lets concurrent claimers pass each other's rows instead of waiting;
--- doing it in a CTE stops the planner from updating more rows than LIMIT. Each claim counts an
--- attempt and issues a fresh lease token, so a previous holder's writes are fenced off.
+-- doing it in a CTE stops the planner from updating more rows than LIMIT. Each queue is read
+-- by its own LATERAL walk of the claim index, whose order is (queue, priority, created_at):
+-- `queue = ANY(...)` would instead read and sort the whole backlog on every claim (27 ms at
+-- 60,000 tasks, growing with the backlog). The few rows per queue are then merged. Each claim
+-- counts an attempt and issues a fresh lease token, so a previous holder's writes are fenced.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 next AS (
-    SELECT id FROM pgqueue.tasks, clock
-     WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND visible_after <= clock.now
-     ORDER BY priority, created_at, id
+    SELECT c.id
+      FROM clock, unnest(%(queues)s::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+           SELECT id, priority, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
+            ORDER BY priority, created_at, id
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED
+           ) AS c
+     ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
-     FOR UPDATE OF tasks SKIP LOCKED
 )
 UPDATE pgqueue.tasks AS t
    SET status = 'running',
