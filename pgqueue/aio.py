@@ -31,12 +31,11 @@ from pgqueue.operations import (
     DEFAULT_DEAD_RETENTION,
     DEFAULT_LEASE_SECONDS,
     _results,
-    as_spec,
+    as_specs,
     check_filters,
     check_lease,
     check_limit,
     check_retry_after,
-    check_unique,
     check_window,
     list_args,
     parse_task_id,
@@ -57,8 +56,11 @@ async def enqueue_many(
     conn: Any, /, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
 ) -> list[EnqueueResult]:
     """See :func:`pgqueue.enqueue_many`."""
-    specs = check_unique(as_spec(item) for item in tasks)
-    return [EnqueueResult(t, c) for t, c in await arun(conn, queries.task_insert_many(specs, now))]
+    specs = as_specs(tasks)
+    return [
+        EnqueueResult(t, c)
+        for t, c in await arun(conn, queries.task_insert_many(specs, now), atomic=True)
+    ]
 
 
 async def get_task(conn: Any, /, task_id: uuid.UUID | str) -> Task:

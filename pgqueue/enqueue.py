@@ -6,6 +6,7 @@ are woken (``pg_notify`` is delivered at commit); when it rolls back, the tasks 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 from pgqueue import config
 from pgqueue.errors import InvalidPayload, PayloadTooLarge, ValidationError
 from pgqueue.models import Priority, RetryPolicy
-from pgqueue.queries import TaskSpec, dumps
+from pgqueue.queries import TaskSpec
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600
@@ -27,6 +28,7 @@ DEFAULT_RETRY = RetryPolicy()
 
 _id_lock = threading.Lock()
 _id_state = [0, 0]  # last millisecond, sequence within it
+_random = bytearray()  # entropy drawn 4 KiB at a time: one syscall per 512 ids, not per id
 
 
 def new_task_id() -> uuid.UUID:
@@ -43,11 +45,15 @@ def new_task_id() -> uuid.UUID:
         if seq > 0xFFF:  # more than 4096 ids in one millisecond: borrow the next one
             ms, seq = ms + 1, 0
         _id_state[0], _id_state[1] = ms, seq
+        if not _random:
+            _random.extend(os.urandom(4096))
+        rand = int.from_bytes(_random[-8:], "big")
+        del _random[-8:]
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76  # version
     value |= seq << 64  # rand_a, used as a sequence
     value |= 0b10 << 62  # variant
-    value |= int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)  # rand_b
+    value |= rand & ((1 << 62) - 1)  # rand_b
     return uuid.UUID(int=value)
 
 
@@ -82,11 +88,16 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"must be a JSON object (a dict), not {type(payload).__name__}")
     try:
-        text = dumps(payload)
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"is not JSON-serialisable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate, which PostgreSQL would reject
+        raise InvalidPayload(
+            f"is not JSON-serialisable: contains a string that is not valid Unicode ({exc.reason})"
+        ) from None
     limit = config.max_payload_bytes() if limit is None else limit
-    size = len(text.encode("utf-8"))
     if size > limit:
         raise PayloadTooLarge(size, limit)
     # PostgreSQL's jsonb cannot hold \u0000; check precisely only when the text hints at it.
@@ -114,7 +125,8 @@ def prepare(
     if idempotency_key is not None:
         check_name("idempotency_key", idempotency_key, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     prio = Priority.parse(priority)
-    payload_json = encode_payload({} if payload is None else payload, max_payload_bytes)
+    payload = {} if payload is None else payload
+    payload_json = encode_payload(payload, max_payload_bytes)
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give either run_at or delay, not both")
     if run_at is not None:
@@ -141,6 +153,7 @@ def prepare(
     return TaskSpec(
         id=new_task_id(),
         type=type,
+        payload=payload if isinstance(payload, dict) else dict(payload),
         payload_json=payload_json,
         priority=prio,
         queue=queue,

@@ -59,7 +59,7 @@ class TaskContext:
         self.cancel_requested = False
         self.lease_lost = False
         self.timed_out = False
-        self._stop = threading.Event()
+        self._stopped = False  # a plain flag: set once, read from handler threads (atomic)
         self._sync_pool = sync_pool
         self._async_pool = async_pool
         self._conn: psycopg.Connection[Any] | None = None
@@ -68,10 +68,10 @@ class TaskContext:
         self.overrun: asyncio.Future[Any] | None = None
 
     def should_stop(self) -> bool:
-        return self._stop.is_set()
+        return self._stopped
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped = True
 
     @property
     def is_last_attempt(self) -> bool:
@@ -217,15 +217,21 @@ class Executor:
         return await self._run_sync(task, ctx, handler)
 
     async def _run_async(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
+        scope: asyncio.Timeout | None = None
         try:
-            async with asyncio.timeout(handler.timeout):
+            if handler.timeout is None:  # the common case; a timeout scope costs a timer
                 value = await handler.fn(task.payload, ctx)
-        except TimeoutError:
-            ctx.timed_out = True
-            ctx.stop()
-            await _rollback_async(ctx)
-            return Failed(f"timed out after {handler.timeout} s")
+            else:
+                async with asyncio.timeout(handler.timeout) as scope:
+                    value = await handler.fn(task.payload, ctx)
         except Exception as exc:
+            # Only our own scope's expiry is a timeout; a TimeoutError the handler raised
+            # itself (a client library's) is an ordinary failure with its own message.
+            if scope is not None and scope.expired():
+                ctx.timed_out = True
+                ctx.stop()
+                await _rollback_async(ctx)
+                return Failed(f"timed out after {handler.timeout} s")
             await _rollback_async(ctx)
             return _from_exception(exc)
         outcome = _encode_result(value)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pgqueue import queries
+from pgqueue import config, queries
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import TaskNotFound, ValidationError
 from pgqueue.models import (
@@ -97,22 +97,28 @@ def check_retry_after(retry_after: float | None) -> float | None:
     return None if retry_after is None else check_seconds("retry_after", retry_after, zero_ok=True)
 
 
-def as_spec(item: TaskSpec | Mapping[str, Any]) -> TaskSpec:
-    """Accept a prepared TaskSpec or a dict of enqueue's keyword arguments."""
-    if isinstance(item, TaskSpec):
-        return item
-    if isinstance(item, Mapping):
-        if "type" not in item:
-            raise ValidationError("type", "is required")
-        return prepare(**item)
-    raise ValidationError(
-        "tasks", f"items must be dicts or pgqueue.prepare(...), not {type(item).__name__}"
-    )
+def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
+    """Validate a batch: prepared TaskSpecs or dicts of enqueue's keyword arguments.
 
-
-def check_unique(specs: Iterable[TaskSpec]) -> list[TaskSpec]:
-    """Refuse the same prepared task twice in one batch (it would collide with itself)."""
-    out = list(specs)
+    The same prepared task twice is refused (it would collide with itself). The payload
+    limit is read once for the batch rather than once per task.
+    """
+    limit = config.max_payload_bytes()
+    out: list[TaskSpec] = []
+    for item in items:
+        if isinstance(item, TaskSpec):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            if "type" not in item:
+                raise ValidationError("type", "is required")
+            if "max_payload_bytes" in item:
+                out.append(prepare(**item))
+            else:
+                out.append(prepare(**item, max_payload_bytes=limit))
+        else:
+            raise ValidationError(
+                "tasks", f"items must be dicts or pgqueue.prepare(...), not {type(item).__name__}"
+            )
     if len({s.id for s in out}) != len(out):
         raise ValidationError(
             "tasks", "the same prepared task appears twice; call pgqueue.prepare() once per task"
@@ -175,8 +181,10 @@ def enqueue_many(
     Items are ``pgqueue.prepare(...)`` results or dicts of enqueue's arguments. Every item is
     validated before anything is written, so one bad item rejects the whole batch.
     """
-    specs = check_unique(as_spec(item) for item in tasks)
-    return [EnqueueResult(t, c) for t, c in run(conn, queries.task_insert_many(specs, now))]
+    specs = as_specs(tasks)
+    return [
+        EnqueueResult(t, c) for t, c in run(conn, queries.task_insert_many(specs, now), atomic=True)
+    ]
 
 
 # --- inspecting and operating ----------------------------------------------------------------

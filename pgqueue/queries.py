@@ -14,12 +14,13 @@ import json
 import re
 import uuid
 from collections.abc import Generator, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from pgqueue import db
 from pgqueue.errors import DatabaseUnavailable, LeaseLost, SchemaNotReady, TaskNotFound
@@ -47,7 +48,20 @@ class Query:
     params: Mapping[str, Any]
 
 
-Op = Generator[Query, list[Row], T]
+@dataclasses.dataclass(frozen=True)
+class Copy:
+    """Rows to stream with the named ``COPY ... FROM STDIN (FORMAT BINARY)`` statement.
+
+    Binary COPY is the fastest way into PostgreSQL: no SQL text to parse per row and no
+    array literals to quote, so bulk enqueue is bound by the server, not by Python.
+    """
+
+    name: str
+    types: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+
+Op = Generator[Query | Copy, list[Row], T]
 
 
 @functools.cache
@@ -82,43 +96,73 @@ def _translate(exc: psycopg.Error) -> Exception | None:
     return None
 
 
-def run(conn: Any, op: Op[T]) -> T:
-    """Drive ``op`` on a sync connection (psycopg or SQLAlchemy). Never commits."""
+def run(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
+    """Drive ``op`` on a sync connection (psycopg or SQLAlchemy). Never commits the caller's
+    transaction; ``atomic`` ops of several statements get one of their own on an autocommit
+    connection, so they cannot half-happen there either."""
     raw = db.sync_connection(conn)
+    if atomic and raw.autocommit:
+        with raw.transaction():
+            return _drive(raw, op)
+    return _drive(raw, op)
+
+
+def _drive(raw: psycopg.Connection[Any], op: Op[T]) -> T:
     sql = statements()
     try:
         query = next(op)
         while True:
             with raw.cursor(row_factory=dict_row) as cur:
                 try:
-                    cur.execute(sql[query.name], query.params)
+                    if isinstance(query, Copy):
+                        with cur.copy(sql[query.name]) as copy:
+                            copy.set_types(query.types)
+                            for row in query.rows:
+                                copy.write_row(row)
+                        rows: list[Row] = []
+                    else:
+                        cur.execute(sql[query.name], query.params)
+                        rows = cur.fetchall() if cur.description is not None else []
                 except psycopg.Error as exc:
                     translated = _translate(exc)
                     if translated is None:
                         raise
                     raise translated from exc
-                rows = cur.fetchall() if cur.description is not None else []
             query = op.send(rows)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def arun(conn: Any, op: Op[T]) -> T:
-    """Drive ``op`` on an async connection (psycopg or SQLAlchemy). Never commits."""
+async def arun(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
+    """Drive ``op`` on an async connection (psycopg or SQLAlchemy); as :func:`run`."""
     raw = await db.async_connection(conn)
+    if atomic and raw.autocommit:
+        async with raw.transaction():
+            return await _adrive(raw, op)
+    return await _adrive(raw, op)
+
+
+async def _adrive(raw: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     sql = statements()
     try:
         query = next(op)
         while True:
             async with raw.cursor(row_factory=dict_row) as cur:
                 try:
-                    await cur.execute(sql[query.name], query.params)
+                    if isinstance(query, Copy):
+                        async with cur.copy(sql[query.name]) as copy:
+                            copy.set_types(query.types)
+                            for row in query.rows:
+                                await copy.write_row(row)
+                        rows: list[Row] = []
+                    else:
+                        await cur.execute(sql[query.name], query.params)
+                        rows = await cur.fetchall() if cur.description is not None else []
                 except psycopg.Error as exc:
                     translated = _translate(exc)
                     if translated is None:
                         raise
                     raise translated from exc
-                rows = await cur.fetchall() if cur.description is not None else []
             query = op.send(rows)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
@@ -133,6 +177,7 @@ class TaskSpec:
 
     id: uuid.UUID
     type: str
+    payload: dict[str, Any]  # what the caller gave; payload_json is what gets stored
     payload_json: str
     priority: Priority
     queue: str
@@ -143,6 +188,31 @@ class TaskSpec:
     idempotency_key: str | None
     run_at: datetime | None
     delay_seconds: float
+
+
+def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> Task:
+    """The Task a fresh insert created, built from what was sent rather than read back: the
+    statement returns only what the server decided (times), which keeps enqueue cheap."""
+    return Task(
+        id=spec.id,
+        queue=spec.queue,
+        type=spec.type,
+        payload=spec.payload,
+        priority=spec.priority,
+        status=TaskStatus.QUEUED,
+        attempts=0,
+        max_attempts=spec.max_attempts,
+        visible_after=visible_after,
+        idempotency_key=spec.idempotency_key,
+        result=None,
+        last_error=None,
+        cancel_requested=False,
+        lease_owner=None,
+        lease_expires_at=None,
+        created_at=created_at,
+        started_at=None,
+        finished_at=None,
+    )
 
 
 def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, bool]]:
@@ -165,7 +235,7 @@ def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, b
         },
     )
     if rows:
-        return Task.from_row(rows[0]), True
+        return _inserted(spec, rows[0]["created_at"], rows[0]["visible_after"]), True
     # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield Query("task_get_by_keys", {"keys": [spec.idempotency_key]})
@@ -174,11 +244,51 @@ def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, b
     return Task.from_row(rows[0]), False
 
 
+_COPY_TYPES = (
+    "uuid", "text", "text", "jsonb", "int2", "int4", "float4", "float4", "float4",
+    "timestamptz", "timestamptz",
+)  # fmt: skip
+
+
+def _stored_as_is(text: str) -> str:
+    return text  # payload_json is already valid, compact JSON
+
+
 def task_insert_many(
     specs: Sequence[TaskSpec], now: datetime | None = None
 ) -> Op[list[tuple[Task, bool]]]:
+    """Insert many tasks: those without an idempotency key by binary COPY (no conflict is
+    possible), those with one by a single INSERT ... ON CONFLICT over arrays."""
     if not specs:
         return []
+    results: dict[uuid.UUID, tuple[Task, bool]] = {}
+    plain = [s for s in specs if s.idempotency_key is None]
+    if plain:
+        clock: datetime = (yield Query("clock", {"now": now}))[0]["now"]
+        rows = []
+        for s in plain:
+            visible_after = s.run_at or (
+                clock + timedelta(seconds=s.delay_seconds) if s.delay_seconds else clock
+            )
+            payload = Jsonb(s.payload_json, dumps=_stored_as_is)
+            policy = (s.max_attempts, s.backoff_base, s.backoff_factor, s.backoff_cap)
+            rows.append(
+                (s.id, s.queue, s.type, payload, int(s.priority), *policy, visible_after, clock)
+            )
+            results[s.id] = (_inserted(s, clock, visible_after), True)
+        yield Copy("task_copy", _COPY_TYPES, rows)
+    keyed = [s for s in specs if s.idempotency_key is not None]
+    if keyed:
+        for s, result in zip(keyed, (yield from _insert_keyed(keyed, now)), strict=True):
+            results[s.id] = result
+    out = [results[s.id] for s in specs]
+    queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
+    if queues:
+        yield Query("queue_notify", {"queues": queues})
+    return out
+
+
+def _insert_keyed(specs: Sequence[TaskSpec], now: datetime | None) -> Op[list[tuple[Task, bool]]]:
     rows = yield Query(
         "task_insert_many",
         {
@@ -197,7 +307,7 @@ def task_insert_many(
             "now": now,
         },
     )
-    inserted = {row["id"]: Task.from_row(row) for row in rows}
+    inserted = {row["id"]: row for row in rows}
     existing: dict[str, Task] = {}
     missing_keys = [s.idempotency_key for s in specs if s.id not in inserted and s.idempotency_key]
     if missing_keys:
@@ -206,16 +316,14 @@ def task_insert_many(
     out: list[tuple[Task, bool]] = []
     for s in specs:
         if s.id in inserted:
-            out.append((inserted[s.id], True))
+            row = inserted[s.id]
+            out.append((_inserted(s, row["created_at"], row["visible_after"]), True))
         elif s.idempotency_key in existing:
             # Either an older task, or an earlier spec of this same batch with the same key.
             task = existing[s.idempotency_key]
             out.append((task, False))
         else:  # the key's holder vanished (rolled back) between statements: insert it alone
             out.append((yield from task_insert(s, now)))
-    queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
-    if queues:
-        yield Query("queue_notify", {"queues": queues})
     return out
 
 

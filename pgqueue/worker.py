@@ -49,7 +49,7 @@ from pgqueue.executor import (
     Recorded,
     TaskContext,
 )
-from pgqueue.log import event
+from pgqueue.log import event, logger
 from pgqueue.maintenance import Maintenance, MaintenanceConfig
 from pgqueue.models import ClaimedTask, FailOutcome, Lease
 from pgqueue.queries import arun, task_complete_many
@@ -398,16 +398,16 @@ class Worker:
     async def _record(self, running: _Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx
         duration = time.monotonic() - running.started
+        if isinstance(outcome, Completed):  # the hot path: queue it for the batched write
+            self._pending.append(_PendingCompletion(task, outcome.result_json, duration))
+            self._pending_ready.set()
+            return
         fields: dict[str, Any] = {
             "task_id": task.id,
             "type": task.type,
             "attempt": task.attempts,
             "duration_ms": round(duration * 1000, 1),
         }
-        if isinstance(outcome, Completed):
-            self._pending.append(_PendingCompletion(task, outcome.result_json, duration))
-            self._pending_ready.set()
-            return
         if isinstance(outcome, Recorded):
             self.processed += 1
             event("task.completed", **fields, transactional=True)
@@ -475,6 +475,10 @@ class Worker:
                     attempts=5 if final else None,
                 )
                 del self._pending[: len(batch)]  # appends only ever go to the end
+                self.processed += len(done or ())
+                all_recorded = done is not None and len(done) == len(batch)
+                if all_recorded and not logger.isEnabledFor(logging.INFO):
+                    continue  # nothing to log: skip the per-task loop
                 for p in batch:
                     fields: dict[str, Any] = {
                         "task_id": p.task.id,
@@ -491,7 +495,6 @@ class Worker:
                             "the task will run again when its lease expires",
                         )
                     elif p.task.id in done:
-                        self.processed += 1
                         event("task.completed", **fields)
                     else:
                         event(

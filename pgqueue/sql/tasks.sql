@@ -16,15 +16,27 @@ inserted AS (
            clock.now
       FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
+    RETURNING id, queue, visible_after, created_at
 )
-SELECT inserted.*,
+SELECT inserted.id, inserted.visible_after, inserted.created_at,
        CASE WHEN inserted.visible_after <= clock.now
             THEN pg_notify('pgqueue', inserted.queue) END AS notified
   FROM inserted, clock;
 
+-- name: clock
+-- The transaction's time (or the tests' clock): what a bulk COPY stamps on its rows.
+SELECT coalesce(%(now)s::timestamptz, now()) AS now;
+
+-- name: task_copy
+-- Bulk enqueue of tasks without idempotency keys (nothing can conflict): binary COPY, the
+-- server's fastest way in. Times come from the "clock" statement, so they are the server's.
+COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                    backoff_factor, backoff_cap, visible_after, created_at)
+FROM STDIN (FORMAT BINARY);
+
 -- name: task_insert_many
--- Many tasks in one statement (arrays, one element per task); taken keys are skipped.
+-- Many tasks with idempotency keys in one statement (arrays, one element per task); taken
+-- keys are skipped.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
@@ -41,7 +53,7 @@ SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority, v.max_attempts, v.ba
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
             backoff_cap, idempotency_key, run_at, delay)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
+RETURNING id, visible_after, created_at;
 
 -- name: queue_notify
 -- Wake idle workers of these queues (once per queue, after a bulk insert).

@@ -395,9 +395,9 @@ def test_enqueue_many_returns_results_in_the_order_given(conn):
     assert {t.id for t in pgqueue.list_tasks(conn)} == {r.id for r in results}
 
 
-def test_enqueue_many_inserts_the_whole_batch_in_one_statement(conn):
+def test_enqueue_many_inserts_the_whole_batch_in_one_transaction(conn):
     # On an autocommit connection each statement is its own transaction with its own now():
-    # one shared created_at proves the batch went in as one statement.
+    # one shared created_at proves the batch went in together.
     results = pgqueue.enqueue_many(conn, [{"type": "t", "payload": {"i": i}} for i in range(500)])
 
     assert len(results) == 500

@@ -1,11 +1,14 @@
 """Pure logic: no database."""
 
+import asyncio
 import math
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
 import pgqueue
+import pgqueue.models
 from pgqueue.config import redact, validate_database_url
 from pgqueue.enqueue import encode_payload, new_task_id
 
@@ -56,3 +59,61 @@ def test_redact_hides_the_password_and_nothing_else():
 
 def test_sqlalchemy_style_urls_are_normalised_for_libpq():
     assert validate_database_url("postgresql+psycopg://u@h/db") == "postgresql://u@h/db"
+
+
+# --- handler timeouts ------------------------------------------------------------------------
+
+
+def _claimed(type_: str = "t") -> pgqueue.models.ClaimedTask:
+    now = datetime.now(UTC)
+    return pgqueue.models.ClaimedTask(
+        id=uuid.uuid4(),
+        queue="default",
+        type=type_,
+        payload={},
+        priority=pgqueue.Priority.NORMAL,
+        attempts=1,
+        max_attempts=3,
+        lease_token=uuid.uuid4(),
+        lease_expires_at=now,
+        created_at=now,
+    )
+
+
+def _run_handler(fn, timeout):
+    from pgqueue.executor import DaemonThreadPool, Executor, TaskContext
+
+    registry = pgqueue.TaskRegistry()
+    registry.handler("t", timeout=timeout)(fn)
+    task = _claimed()
+    ctx = TaskContext(task, worker_id="w")
+
+    async def go():
+        threads = DaemonThreadPool(1)
+        try:
+            return await Executor(threads).run(task, ctx, registry.get("t"))
+        finally:
+            threads.shutdown()
+
+    return asyncio.run(go()), ctx
+
+
+def test_async_handler_past_its_timeout_fails_as_timed_out_and_is_told_to_stop():
+    async def slow(payload, ctx):
+        await asyncio.sleep(10)
+
+    outcome, ctx = _run_handler(slow, timeout=0.05)
+
+    assert outcome.error == "timed out after 0.05 s"
+    assert ctx.timed_out and ctx.should_stop()
+
+
+def test_a_timeout_error_raised_by_the_handler_itself_is_an_ordinary_failure():
+    async def upstream(payload, ctx):
+        raise TimeoutError("upstream took too long")
+
+    for timeout in (None, 30):
+        outcome, ctx = _run_handler(upstream, timeout=timeout)
+
+        assert "TimeoutError: upstream took too long" in outcome.error
+        assert not ctx.timed_out
