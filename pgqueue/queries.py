@@ -566,16 +566,22 @@ def task_prune(
     limit: int,
     now: datetime | None = None,
 ) -> Op[int]:
-    rows = yield Query(
-        "task_prune",
-        {
-            "statuses": [s.value for s in statuses],
-            "older_than_seconds": older_than_seconds,
-            "limit": limit,
-            "now": now,
-        },
-    )
-    return len(rows)
+    """Delete up to ``limit`` finished tasks of these statuses; how many went."""
+    pruned = 0
+    for status in statuses:
+        rows = yield Query(
+            "task_prune",
+            {
+                "status": status.value,
+                "older_than_seconds": older_than_seconds,
+                "limit": limit - pruned,
+                "now": now,
+            },
+        )
+        pruned += len(rows)
+        if pruned >= limit:
+            break
+    return pruned
 
 
 def queue_depth() -> Op[list[QueueStats]]:
