@@ -152,25 +152,40 @@ def _from_exception(exc: BaseException) -> Outcome:
 
 
 class DaemonThreadPool:
-    """A fixed pool of daemon threads for sync handlers.
+    """A pool of up to ``size`` daemon threads for sync handlers, started as needed.
 
     Daemon threads, unlike concurrent.futures', do not keep the process alive: a sync handler
     that ignores ``should_stop()`` cannot block a worker's shutdown past its grace period
-    (its lease is released, so the task runs again elsewhere).
+    (its lease is released, so the task runs again elsewhere). Threads start only when a job
+    finds none idle, so a worker whose handlers are all async holds none.
     """
 
     def __init__(self, size: int, name: str = "pgqueue-handler") -> None:
+        self._size = size
+        self._name = name
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
-        ]
-        for t in self._threads:
-            t.start()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
 
     def _loop(self) -> None:
         while (job := self._queue.get()) is not None:
             job()
+            with self._lock:
+                self._idle += 1
+
+    def _dispatch(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._size:
+                thread = threading.Thread(
+                    target=self._loop, name=f"{self._name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            # else: every thread is busy; the job waits in the queue for the first free one
+        self._queue.put(job)
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -192,7 +207,7 @@ class DaemonThreadPool:
             else:
                 loop.call_soon_threadsafe(deliver, True, value)
 
-        self._queue.put(job)
+        self._dispatch(job)
         return future
 
     def shutdown(self) -> None:

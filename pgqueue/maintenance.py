@@ -27,8 +27,13 @@ from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTI
 
 @dataclasses.dataclass(frozen=True)
 class MaintenanceConfig:
-    """Defaults: sweep every 5 s, prune hourly-ish batches every 60 s, keep completed and
-    cancelled tasks 24 h and dead letters 14 days."""
+    """Defaults: sweep every 5 s, prune every 60 s, keep completed and cancelled tasks 24 h
+    and dead letters 14 days.
+
+    A prune round deletes batches of ``batch_size`` (each its own short transaction) until one
+    comes back short, up to ``max_batches``: 500,000 rows a round, so a single worker keeps up
+    with 8,000 finished tasks a second, far beyond the design's 350/s peak.
+    """
 
     enabled: bool = True
     sweep_interval: float = 5.0
@@ -36,7 +41,7 @@ class MaintenanceConfig:
     completed_retention: float = DEFAULT_COMPLETED_RETENTION
     dead_retention: float = DEFAULT_DEAD_RETENTION
     batch_size: int = 1000
-    max_batches: int = 20
+    max_batches: int = 500
 
     def __post_init__(self) -> None:
         for name in ("sweep_interval", "prune_interval", "completed_retention", "dead_retention"):

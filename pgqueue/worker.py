@@ -97,6 +97,7 @@ class _Running:
     started: float
     job: asyncio.Task[None] | None = None
     released: bool = False
+    recording: bool = False  # the outcome is being written: the row may leave 'running'
 
 
 @dataclasses.dataclass
@@ -202,6 +203,7 @@ class Worker:
                     maintenance.run(self._pool, self._stop_requested), name="maintenance"
                 )
             )
+        await self._check_server()
         try:
             await self._claim_loop(executor)
             await self._drain()
@@ -216,6 +218,23 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             event("worker.stopped", worker=cfg.worker_id, processed=self.processed)
+
+    async def _check_server(self) -> None:
+        """Warn about server settings that hurt a queue table over time."""
+
+        async def autovacuum(conn: Any) -> str:
+            cur = await conn.execute("SELECT current_setting('autovacuum')")
+            row = await cur.fetchone()
+            return str(row[0]) if row else "on"
+
+        if await self._with_db(autovacuum, attempts=1) == "off":
+            event(
+                "worker.autovacuum_off",
+                logging.WARNING,
+                worker=self.config.worker_id,
+                note="the server has autovacuum off: every claim and completion leaves a dead "
+                "row, and pgqueue.tasks will grow and slow down unless it is vacuumed",
+            )
 
     async def _close(self) -> None:
         if self._threads is not None:
@@ -356,18 +375,20 @@ class Worker:
 
     async def _execute(self, running: _Running, executor: Executor) -> None:
         task, ctx = running.task, running.ctx
-        event(
-            "task.started",
-            task_id=task.id,
-            type=task.type,
-            attempt=task.attempts,
-            max_attempts=task.max_attempts,
-            queue=task.queue,
-        )
+        if logger.isEnabledFor(logging.INFO):  # per task: skip building the fields when off
+            event(
+                "task.started",
+                task_id=task.id,
+                type=task.type,
+                attempt=task.attempts,
+                max_attempts=task.max_attempts,
+                queue=task.queue,
+            )
         try:
             handler = self.registry.get(task.type)
             outcome = await executor.run(task, ctx, handler)
             if not running.released:
+                running.recording = True
                 await self._record(running, outcome)
             if ctx.overrun is not None:
                 event(
@@ -524,6 +545,8 @@ class Worker:
             if result is None:
                 continue  # try again next round; the lease is a multiple of the interval
             for task_id, running in held.items():
+                if task_id not in self._running or running.recording:
+                    continue  # its outcome was (being) written while the heartbeat was in flight
                 if task_id not in result.held:
                     if not running.ctx.lease_lost:
                         running.ctx.lease_lost = True
