@@ -111,6 +111,13 @@ class Maintenance:
             )
         return out
 
+    async def analyze_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Refresh the table's statistics if a burst made them stale (see stats_staleness)."""
+        changed = await self._locked_batch(conn, queries.analyze_if_stale())
+        if changed:
+            event("maintenance.analyze", changed_rows=changed)
+        return int(changed or 0)
+
     async def prune_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:
         out = MaintenanceResult()
         plans = [
@@ -136,16 +143,22 @@ class Maintenance:
         """Loop until ``stop`` is set; database errors are logged and retried next round."""
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + random.uniform(0, self.config.prune_interval)
+        first = True  # a worker starting on a fresh backlog checks the statistics at once
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.sweep_interval * random.uniform(0.8, 1.2)):
-                    await stop.wait()
-            if stop.is_set():
-                return
+            if not first:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(
+                        self.config.sweep_interval * random.uniform(0.8, 1.2)
+                    ):
+                        await stop.wait()
+                if stop.is_set():
+                    return
             try:
                 async with pool.connection(timeout=10) as conn:
-                    await self.sweep_once(conn)
-                    if loop.time() >= next_prune:
+                    await self.analyze_once(conn)
+                    if not first:
+                        await self.sweep_once(conn)
+                    if not first and loop.time() >= next_prune:
                         next_prune = loop.time() + self.config.prune_interval
                         await self.prune_once(conn)
             except (psycopg.Error, DatabaseUnavailable) as exc:
@@ -159,3 +172,4 @@ class Maintenance:
             except Exception as exc:
                 if type(exc).__name__ != "PoolTimeout":
                     raise
+            first = False

@@ -44,8 +44,17 @@ Row = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class Query:
+    """A named statement and its parameters.
+
+    ``prepare=False`` is for statements that join a parameter array to the table: prepared,
+    PostgreSQL may switch to a generic plan that cannot see the array's length and, with stale
+    statistics, loops over the array once per row (seconds, then minutes, for a few thousand
+    leases). Planned each time, the array's length is known and the join stays linear.
+    """
+
     name: str
     params: Mapping[str, Any]
+    prepare: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +130,7 @@ def _drive(raw: psycopg.Connection[Any], op: Op[T]) -> T:
                                 copy.write_row(row)
                         rows: list[Row] = []
                     else:
-                        cur.execute(sql[query.name], query.params)
+                        cur.execute(sql[query.name], query.params, prepare=query.prepare)
                         rows = cur.fetchall() if cur.description is not None else []
                 except psycopg.Error as exc:
                     translated = _translate(exc)
@@ -156,7 +165,7 @@ async def _adrive(raw: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
                                 await copy.write_row(row)
                         rows: list[Row] = []
                     else:
-                        await cur.execute(sql[query.name], query.params)
+                        await cur.execute(sql[query.name], query.params, prepare=query.prepare)
                         rows = await cur.fetchall() if cur.description is not None else []
                 except psycopg.Error as exc:
                     translated = _translate(exc)
@@ -306,6 +315,7 @@ def _insert_keyed(specs: Sequence[TaskSpec], now: datetime | None) -> Op[list[tu
             "delays": [s.delay_seconds for s in specs],
             "now": now,
         },
+        prepare=False,
     )
     inserted = {row["id"]: row for row in rows}
     existing: dict[str, Task] = {}
@@ -408,6 +418,7 @@ def task_complete_many(
             "results": [result for _, result in results],
             "now": now,
         },
+        prepare=False,
     )
     return {r["id"] for r in rows}
 
@@ -484,6 +495,7 @@ def task_heartbeat(
             "lease_seconds": lease_seconds,
             "now": now,
         },
+        prepare=False,
     )
     return HeartbeatResult(
         held={r["id"]: r["lease_expires_at"] for r in rows},
@@ -501,6 +513,7 @@ def task_release(leases: Sequence[Lease], now: datetime | None = None) -> Op[set
             "tokens": [lease.token for lease in leases],
             "now": now,
         },
+        prepare=False,
     )
     queues = sorted({r["queue"] for r in rows if r["status"] == TaskStatus.QUEUED})
     if queues:
@@ -605,6 +618,19 @@ def dumps(value: Any) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"contains a string that is not valid Unicode ({exc.reason})") from None
     return text
+
+
+def analyze_if_stale(min_changes: int = 1000, fraction: float = 0.2) -> Op[int]:
+    """ANALYZE pgqueue.tasks when at least ``min_changes`` rows and ``fraction`` of the rows the
+    planner believes in changed since the last time; the changes counted, or 0 if none ran."""
+    rows = yield Query("stats_staleness", {})
+    if not rows:
+        return 0
+    changed = int(rows[0]["changed"] or 0)
+    if changed < max(min_changes, fraction * float(rows[0]["estimated_rows"])):
+        return 0
+    yield Query("tasks_analyze", {})
+    return changed
 
 
 def maintenance_try_lock() -> Op[bool]:

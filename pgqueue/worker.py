@@ -327,7 +327,11 @@ class Worker:
     async def _claim_loop(self, executor: Executor) -> None:
         cfg = self.config
         while not self._stopping:
-            free = cfg.concurrency - len(self._running)
+            # Completions waiting to be written still hold leases: past one batch of them,
+            # they count against the slots, so a slow database slows claiming down instead
+            # of letting the worker pile up leases (and heartbeat work) without bound.
+            backlog = max(0, len(self._pending) - cfg.concurrency)
+            free = cfg.concurrency - len(self._running) - backlog
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -525,6 +529,7 @@ class Worker:
                             note="completed, but the lease was lost first; the task runs again",
                         )
             self._pending_ready.clear()
+            self._slot_freed.set()  # the claimer may be waiting for completions to drain
 
     # --- heartbeats and notifications ------------------------------------------------------
 

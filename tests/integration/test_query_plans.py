@@ -1,0 +1,470 @@
+"""Query plans at a realistic size: the statements pgqueue runs must stay index-bound.
+
+Every peer queue shipped a claim that got slow once the table grew, and its users found it
+first. A plan is a property of the data's size and shape, so these tests build one large
+table (a 200,000-task backlog over three queues and three priorities, 200,000 finished tasks,
+1,000 running ones holding leases), VACUUM ANALYZE it, and EXPLAIN the real statements: loaded with
+``queries.statements()`` and given the parameters the library's own operations build
+(``next(queries.task_claim(...))``), so a change to the SQL is what gets tested.
+
+Each statement is checked twice: as planned on its first run (a custom plan for these
+parameter values), and as planned once the server has settled on a plan for a prepared
+statement. psycopg prepares a statement after five runs on a connection and PostgreSQL may
+then switch to a generic plan that ignores the values, so a worker's long-lived connections run
+the second; both must be good.
+
+The claim is also checked by what it does, not only by its shape: under EXPLAIN ANALYZE the
+rows read from the table must be bounded by the batch size, not by the backlog.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from pgqueue import queries
+from pgqueue.models import Lease, TaskStatus
+from pgqueue.operations import list_args
+
+Plan = dict[str, Any]
+
+QUEUED = 200_000
+FINISHED = 200_000
+RUNNING = 1_000
+CLAIM_BATCH = 100  # the worker's largest claim (WorkerConfig.max_claim_batch)
+MAINTENANCE_BATCH = 1_000  # MaintenanceConfig.batch_size
+DAY = 86_400.0
+
+# The backlog: 50% 'default', 30% 'email', 20% 'reports'; independently of the queue, 1 in 7
+# high priority, 5 in 7 normal, 1 in 7 low; created over the last two hours; 1 in 19 scheduled
+# an hour ahead (a delay or a retry backoff), so the claim must pass over rows it cannot take.
+# The finished rows are the day after a burst: completed and cancelled ones finished over the
+# last 48 h (half are past the 24 h retention), dead letters over the last 28 days (half past
+# the 14 days). Finished rows go in first, the backlog last, as in a table that grows.
+FILL_SQL = f"""
+INSERT INTO pgqueue.tasks (queue, type, payload, priority, status, attempts, visible_after,
+                           created_at, started_at, finished_at, result, last_error)
+SELECT (ARRAY['default', 'email', 'reports'])[1 + i % 3], 'report.build', '{{"n": 1}}', 1,
+       CASE WHEN i % 20 = 0 THEN 'failed' WHEN i % 20 = 1 THEN 'cancelled'
+            ELSE 'completed' END,
+       CASE WHEN i % 20 = 0 THEN 3 ELSE 1 END,
+       f.at, f.at, f.at, f.at,
+       CASE WHEN i % 20 > 1 THEN '{{"ok": true}}'::jsonb END,
+       CASE WHEN i % 20 = 0 THEN 'ValueError: boom' END
+  FROM generate_series(1, {FINISHED}) AS i,
+       LATERAL (SELECT now() - CASE WHEN i % 20 = 0 THEN interval '28 days'
+                                    ELSE interval '48 hours' END
+                             * (i::double precision / {FINISHED}) AS at) AS f;
+
+INSERT INTO pgqueue.tasks (queue, type, payload, status, attempts, lease_owner, lease_token,
+                           lease_expires_at, created_at, started_at)
+SELECT 'default', 'email.send', '{{"n": 1}}', 'running', 1, 'host:1234', gen_random_uuid(),
+       now() + CASE WHEN i % 50 = 0 THEN interval '-10 seconds' ELSE interval '25 seconds' END,
+       now() - interval '1 minute', now() - interval '5 seconds'
+  FROM generate_series(1, {RUNNING}) AS i;
+
+INSERT INTO pgqueue.tasks (queue, type, payload, priority, status, visible_after, created_at)
+SELECT CASE WHEN i % 10 < 5 THEN 'default' WHEN i % 10 < 8 THEN 'email' ELSE 'reports' END,
+       'email.send', '{{"to": "someone@example.com"}}',
+       CASE WHEN i % 7 = 0 THEN 0 WHEN i % 7 < 6 THEN 1 ELSE 2 END,
+       'queued',
+       CASE WHEN i % 19 = 3 THEN now() + interval '1 hour' ELSE c.at END,
+       c.at
+  FROM generate_series(1, {QUEUED}) AS i,
+       LATERAL (SELECT now() - interval '2 hours' * (1 - i::double precision / {QUEUED}) AS at)
+       AS c;
+"""
+
+SCAN_TYPES_USING_AN_INDEX = {"Index Scan", "Index Only Scan", "Bitmap Heap Scan"}
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_database_url(server_url: str, template_db: str) -> Iterator[str]:
+    """One migrated database with the large table, shared by this module's tests (building it
+    is most of the module's run time; every test here only reads it or rolls back)."""
+    name = f"pgqueue_plans_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = urlunsplit(urlsplit(server_url)._replace(path="/" + name))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(FILL_SQL)
+            # VACUUM as autovacuum would have by now (it also sets hint bits, so the timed
+            # EXPLAIN ANALYZE below measures the claim, not the first read of fresh pages).
+            conn.execute("VACUUM ANALYZE pgqueue.tasks")
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def big(big_database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the large table; whatever a test does in it is rolled back."""
+    with psycopg.connect(big_database_url) as conn:
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def partial_index(conn: psycopg.Connection[Any], status: str, column: str) -> str:
+    """The name of the partial index on pgqueue.tasks for rows of ``status`` that covers
+    ``column``: found in the catalog, so a renamed index does not break these tests."""
+    rows = conn.execute(
+        """
+        SELECT c.relname
+          FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'pgqueue.tasks'::regclass
+           AND pg_get_expr(i.indpred, i.indrelid) LIKE %s
+           AND pg_get_indexdef(i.indexrelid) LIKE %s
+        """,
+        (f"%'{status}'%", f"%({column}%"),
+    ).fetchall()
+    assert len(rows) == 1, f"expected one partial index for {status} rows by {column}: {rows}"
+    return str(rows[0][0])
+
+
+def running_leases(conn: psycopg.Connection[Any], n: int) -> list[Lease]:
+    rows = conn.execute(
+        "SELECT id, lease_token FROM pgqueue.tasks WHERE status = 'running' LIMIT %s", (n,)
+    ).fetchall()
+    assert len(rows) == n
+    return [Lease(task_id=r[0], token=r[1]) for r in rows]
+
+
+# --- explaining the library's own statements -------------------------------------------------
+
+
+def first_query(op: queries.Op[Any]) -> queries.Query:
+    """The statement an operation runs first, with the parameters it builds."""
+    query = next(op)
+    assert isinstance(query, queries.Query), f"not a plain statement: {query!r}"
+    return query
+
+
+def all_queries(op: queries.Op[Any]) -> list[queries.Query]:
+    """Every statement an operation runs when each one finds nothing (so it goes on to the
+    next: for prune, one statement per status)."""
+    out: list[queries.Query] = []
+    try:
+        query = next(op)
+        while True:
+            assert isinstance(query, queries.Query), f"not a plain statement: {query!r}"
+            out.append(query)
+            query = op.send([])
+    except StopIteration:
+        return out
+
+
+def explain(conn: psycopg.Connection[Any], query: queries.Query, *, analyze: bool = False) -> Plan:
+    """EXPLAIN the statement as queries.run would execute it; ANALYZE runs it (the caller's
+    transaction is rolled back by the fixture, and by us right here for writes)."""
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    row = conn.execute(
+        f"EXPLAIN ({options}) {queries.statements()[query.name]}", query.params
+    ).fetchone()
+    conn.rollback()
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return dict(document[0])
+
+
+def explain_prepared(conn: psycopg.Connection[Any], query: queries.Query) -> Plan:
+    """The plan a prepared statement settles on (what a worker's connection runs once psycopg
+    has prepared the statement): after five custom plans the server decides whether to keep
+    planning per call or switch to a generic plan, and the sixth EXPLAIN EXECUTE shows the
+    choice. The SQL is the library's with psycopg's placeholders turned into $n."""
+    names: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", placeholder, queries.statements()[query.name])
+    conn.execute(f"PREPARE plan_probe AS {text.replace('%%', '%')}")
+    conn.commit()
+    try:
+        # Client-side binding renders the values as literals in EXECUTE's argument list.
+        cur = psycopg.ClientCursor(conn)
+        args = ", ".join(["%s"] * len(names))
+        values = [query.params[n] for n in names]
+        for _ in range(6):
+            cur.execute(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({args})", values)
+        row = cur.fetchone()
+    finally:
+        conn.rollback()
+        conn.execute("DEALLOCATE plan_probe")  # not transactional: PREPARE outlives rollback
+        conn.commit()
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return dict(document[0])
+
+
+def plans(conn: psycopg.Connection[Any], query: queries.Query) -> dict[str, Plan]:
+    """Both plans a statement runs with: on a fresh connection and on a settled one."""
+    return {"first run": explain(conn, query), "prepared": explain_prepared(conn, query)}
+
+
+# --- reading plan trees ----------------------------------------------------------------------
+
+
+def nodes(plan: Plan) -> Iterator[Plan]:
+    """Every node of a plan tree, CTEs (init plans) included."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+def table_scans(plan: Plan) -> list[Plan]:
+    """The nodes that read pgqueue.tasks itself (not the Update/Delete node on it)."""
+    return [
+        n
+        for n in nodes(plan)
+        if n.get("Relation Name") == "tasks" and str(n["Node Type"]).endswith("Scan")
+    ]
+
+
+def sorts_over_the_table(plan: Plan) -> list[Plan]:
+    """Sort nodes fed by table rows with no Limit in between: they sort everything that
+    matched, however much that is (a bounded sort of a few per-queue batches is fine)."""
+
+    def reaches_table(node: Plan) -> bool:
+        for child in node.get("Plans", []):
+            if child["Node Type"] == "Limit":
+                continue
+            if child.get("Relation Name") == "tasks" or reaches_table(child):
+                return True
+        return False
+
+    return [n for n in nodes(plan) if n["Node Type"] == "Sort" and reaches_table(n)]
+
+
+def rows_read(plan: Plan) -> int:
+    """Rows EXPLAIN ANALYZE saw read from pgqueue.tasks: returned plus filtered out, per loop
+    (EXPLAIN reports both as per-loop averages)."""
+    total = 0.0
+    for n in table_scans(plan):
+        per_loop = (
+            n.get("Actual Rows", 0)
+            + n.get("Rows Removed by Filter", 0)
+            + n.get("Rows Removed by Index Recheck", 0)
+        )
+        total += per_loop * n.get("Actual Loops", 1)
+    return round(total)
+
+
+def outline(plan: Plan, depth: int = 0) -> str:
+    """A plan tree as indented lines, for assertion messages."""
+    node = plan
+    line = "  " * depth + str(node["Node Type"])
+    if "Relation Name" in node:
+        line += f" on {node['Relation Name']}"
+    if "Index Name" in node:
+        line += f" using {node['Index Name']}"
+    if "Actual Rows" in node:
+        line += f" (rows={node['Actual Rows']} loops={node.get('Actual Loops', 1)})"
+    return "\n".join([line, *(outline(child, depth + 1) for child in node.get("Plans", []))])
+
+
+def assert_index_only_access(plan: Plan, label: str) -> None:
+    """The statement reaches pgqueue.tasks through indexes only: no Seq Scan, at least one
+    index-driven scan."""
+    scans = table_scans(plan["Plan"])
+    assert scans, f"{label}: no scan of pgqueue.tasks at all?\n{outline(plan['Plan'])}"
+    kinds = {str(s["Node Type"]) for s in scans}
+    assert kinds <= SCAN_TYPES_USING_AN_INDEX, (
+        f"{label}: reads pgqueue.tasks by {sorted(kinds - SCAN_TYPES_USING_AN_INDEX)}"
+        f"\n{outline(plan['Plan'])}"
+    )
+
+
+def assert_claim_walks_the_index(plan: Plan, claim_index: str, label: str) -> None:
+    """The claim reads the partial claim index in order: an ordered index scan (a bitmap scan
+    has no order), no Seq Scan, and no sort of everything that matched."""
+    tree = plan["Plan"]
+    assert_index_only_access(plan, label)
+    assert any(
+        n["Node Type"] in ("Index Scan", "Index Only Scan") and n.get("Index Name") == claim_index
+        for n in nodes(tree)
+    ), f"{label}: no ordered scan of {claim_index}\n{outline(tree)}"
+    assert not sorts_over_the_table(tree), (
+        f"{label}: sorts the matching backlog instead of reading it in index order\n{outline(tree)}"
+    )
+
+
+def claim_query(queues: list[str]) -> queries.Query:
+    return first_query(
+        queries.task_claim(
+            queues=queues, limit=CLAIM_BATCH, owner="host:1234:claimer", lease_seconds=30
+        )
+    )
+
+
+def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    """Measurements go to the terminal even when output is captured: they inform, they are
+    not asserted (timings on a shared 2-core machine are too noisy to gate on)."""
+    with capsys.disabled():
+        print(f"\n[query plans] {text}")
+
+
+# --- the claim -------------------------------------------------------------------------------
+
+
+def assert_claim_is_bounded(
+    big: psycopg.Connection[Any],
+    queues: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    claim_index = partial_index(big, "queued", "queue")
+    query = claim_query(queues)
+    analyzed = explain(big, query, analyze=True)
+    read = rows_read(analyzed["Plan"])
+    report(
+        capsys,
+        f"claim of {CLAIM_BATCH} from {queues} with a {QUEUED:,}-task backlog: "
+        f"{analyzed['Execution Time']:.2f} ms, {read:,} rows read from pgqueue.tasks",
+    )
+    for label, plan in plans(big, query).items():
+        assert_claim_walks_the_index(plan, claim_index, f"claim {queues} ({label})")
+    # Each queue's batch, plus the scheduled rows skipped on the way, plus the UPDATE's
+    # lookups by id: a few hundred rows. Reading the backlog is tens of thousands.
+    bound = 3 * CLAIM_BATCH * len(queues) + CLAIM_BATCH
+    assert read <= bound, (
+        f"the claim read {read:,} rows of pgqueue.tasks for a batch of {CLAIM_BATCH} "
+        f"(bound {bound:,})\n{outline(analyzed['Plan'])}"
+    )
+
+
+def test_claim_from_one_queue_reads_the_claim_index_in_order_not_the_backlog(
+    big: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_claim_is_bounded(big, ["default"], capsys)
+
+
+def test_claim_from_two_queues_reads_a_batch_per_queue_not_the_backlog(
+    big: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_claim_is_bounded(big, ["email", "reports"], capsys)
+
+
+def test_claim_from_two_queues_takes_their_most_urgent_visible_tasks_in_order(
+    big: psycopg.Connection[Any],
+) -> None:
+    """A fast plan must still be the right one: from two queues the claim takes the 100 most
+    urgent visible tasks of both together (high priority first, then oldest first), none of
+    another queue and none scheduled for later."""
+    expected = big.execute(
+        """
+        SELECT id FROM pgqueue.tasks
+         WHERE status = 'queued' AND queue IN ('email', 'reports') AND visible_after <= now()
+         ORDER BY priority, created_at, id LIMIT %s
+        """,
+        (CLAIM_BATCH,),
+    ).fetchall()
+    claimed = queries.run(
+        big,
+        queries.task_claim(
+            queues=["email", "reports"],
+            limit=CLAIM_BATCH,
+            owner="host:1234:claimer",
+            lease_seconds=30,
+        ),
+    )
+    big.rollback()
+    assert [t.id for t in claimed] == [r[0] for r in expected]
+    assert {t.queue for t in claimed} == {"email", "reports"}
+
+
+# --- the other statements on the hot path or in maintenance ----------------------------------
+
+
+def test_completion_and_heartbeat_find_their_tasks_by_index(
+    big: psycopg.Connection[Any],
+) -> None:
+    leases = running_leases(big, CLAIM_BATCH)
+    complete = first_query(queries.task_complete_many([(lease, None) for lease in leases]))
+    heartbeat = first_query(queries.task_heartbeat(leases, 30))
+    for query in (complete, heartbeat):
+        for label, plan in plans(big, query).items():
+            assert_index_only_access(plan, f"{query.name} of {len(leases)} ({label})")
+
+
+def test_sweep_finds_expired_leases_by_index(big: psycopg.Connection[Any]) -> None:
+    query = first_query(queries.task_sweep_expired(MAINTENANCE_BATCH))
+    lease_index = partial_index(big, "running", "lease_expires_at")
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"sweep ({label})")
+        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
+        assert lease_index in used, f"sweep ({label}) does not use {lease_index}: {used}"
+
+
+def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any]) -> None:
+    """Half of the finished rows are past retention (the day after a burst): each batch of
+    1,000 must still come from an index, not from a scan of the table, which reads through
+    the backlog and every dead tuple left by earlier batches. Every statement the prune
+    operations run is checked (one per status, in the current SQL)."""
+    completed = all_queries(
+        queries.task_prune([TaskStatus.COMPLETED, TaskStatus.CANCELLED], DAY, MAINTENANCE_BATCH)
+    )
+    dead = all_queries(queries.task_prune([TaskStatus.FAILED], 14 * DAY, MAINTENANCE_BATCH))
+    assert completed and dead
+    for query in completed + dead:
+        for label, plan in plans(big, query).items():
+            assert_index_only_access(plan, f"prune {dict(query.params)} ({label})")
+
+
+def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection[Any]) -> None:
+    """The first page (as `pgqueue dlq list` and GET /dead-letters ask for it) and a later
+    page by keyset cursor. (No index gives created_at order among dead letters, so each page
+    still sorts all of them, top-N: work bounded by the dead-letter queue, not the table.)"""
+    middle = big.execute(
+        "SELECT created_at, id FROM pgqueue.tasks WHERE status = 'failed'"
+        " ORDER BY created_at DESC, id DESC OFFSET 5000 LIMIT 1"
+    ).fetchone()
+    assert middle is not None
+    cursor: tuple[datetime, uuid.UUID] = (middle[0], middle[1])
+    for before, page in ((None, "first page"), (cursor, "a later page")):
+        query = first_query(queries.task_list(**list_args("failed", None, None, 50, before)))
+        for label, plan in plans(big, query).items():
+            assert_index_only_access(plan, f"dead letters, {page} ({label})")
+
+
+# --- the checks themselves -------------------------------------------------------------------
+
+
+def test_plan_checks_reject_a_seq_scan_and_a_sort_of_the_backlog(
+    big: psycopg.Connection[Any],
+) -> None:
+    """The assertions above can fail: a lookup by payload (no index) is a Seq Scan, and a
+    claim ordered by an expression cannot use the index order, so it sorts the backlog."""
+
+    def plan_of(sql: str) -> Plan:
+        row = big.execute(f"EXPLAIN (FORMAT JSON) {sql}").fetchone()
+        big.rollback()
+        assert row is not None
+        return dict(row[0][0])
+
+    by_payload = plan_of("SELECT id FROM pgqueue.tasks WHERE payload->>'to' = 'x'")
+    with pytest.raises(AssertionError, match="Seq Scan"):
+        assert_index_only_access(by_payload, "probe")
+
+    unordered = plan_of(
+        "SELECT id FROM pgqueue.tasks WHERE status = 'queued' AND queue = 'email'"
+        " ORDER BY priority + 0, created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED"
+    )
+    assert sorts_over_the_table(unordered["Plan"]), outline(unordered["Plan"])
+    with pytest.raises(AssertionError):
+        assert_claim_walks_the_index(unordered, partial_index(big, "queued", "queue"), "probe")
