@@ -226,7 +226,7 @@ def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> 
 
 def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, bool]]:
     rows = yield Query(
-        "task_insert",
+        "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
         {
             "id": spec.id,
             "queue": spec.queue,
