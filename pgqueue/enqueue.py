@@ -83,12 +83,17 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
+# Compact UTF-8 JSON, strict about NaN; one encoder for all calls (json.dumps with options
+# builds a new one each time).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
 def encode_payload(payload: object, limit: int | None = None) -> str:
     """The payload as JSON text, or a specific InvalidPayload saying why it cannot be stored."""
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"must be a JSON object (a dict), not {type(payload).__name__}")
     try:
-        text = json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"is not JSON-serialisable: {exc}") from None
     try:
