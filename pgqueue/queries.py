@@ -62,7 +62,7 @@ class Copy:
     """Rows to stream with the named ``COPY ... FROM STDIN (FORMAT BINARY)`` statement.
 
     Binary COPY is the fastest way into PostgreSQL: no SQL text to parse per row and no
-    array literals to quote, so bulk enqueue is bound by the server, not by Python.
+    array literals to quote (the array INSERT spent more time quoting than inserting).
     """
 
     name: str
