@@ -29,6 +29,9 @@ DEFAULT_RETRY = RetryPolicy()
 _id_lock = threading.Lock()
 _id_state = [0, 0]  # last millisecond, sequence within it
 _random = bytearray()  # entropy drawn 4 KiB at a time: one syscall per 512 ids, not per id
+# A forked child must not reuse the parent's unread entropy (same bits, same millisecond and
+# sequence: the same id in two processes).
+os.register_at_fork(after_in_child=_random.clear)
 
 
 def new_task_id() -> uuid.UUID:

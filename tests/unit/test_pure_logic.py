@@ -117,3 +117,23 @@ def test_a_timeout_error_raised_by_the_handler_itself_is_an_ordinary_failure():
 
         assert "TimeoutError: upstream took too long" in outcome.error
         assert not ctx.timed_out
+
+
+def test_a_forked_child_does_not_reuse_the_parents_entropy_for_task_ids():
+    import multiprocessing
+
+    new_task_id()  # the parent has drawn (and buffered) entropy before the fork
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        children = pool.map(_ids_in_a_child, [200, 200])
+    parent = [new_task_id() for _ in range(200)]
+
+    everyone = [i for ids in children for i in ids] + [str(i) for i in parent]
+    assert len(set(everyone)) == len(everyone)
+    # the random bits differ too, not just the time or sequence bits
+    rand_bits = [uuid.UUID(i).int & ((1 << 62) - 1) for i in everyone]
+    assert len(set(rand_bits)) == len(rand_bits)
+
+
+def _ids_in_a_child(n: int) -> list[str]:
+    return [str(new_task_id()) for _ in range(n)]
