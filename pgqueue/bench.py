@@ -158,9 +158,14 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
             worker.wait()
 
 
-def _completed(conn: psycopg.Connection[Any], queue: str) -> int:
+def _unfinished(conn: psycopg.Connection[Any], queue: str) -> int:
+    """Tasks of the benchmark's queue still queued or running. Counted this way round because
+    queued and running rows are indexed (the claim and lease indexes), while counting the
+    completed ones would read every finished task of the user's database, many times a
+    second."""
     row = conn.execute(
-        "SELECT count(*) FROM pgqueue.tasks WHERE queue = %s AND status = 'completed'", [queue]
+        "SELECT count(*) FROM pgqueue.tasks WHERE queue = %s AND status IN ('queued', 'running')",
+        [queue],
     ).fetchone()
     return int(row[0]) if row else 0
 
@@ -173,11 +178,11 @@ def _wait_for(
     deadline: float,
     progress: Progress,
 ) -> float:
-    """Wait until ``total`` tasks of the queue are completed; the drain's seconds, by the
+    """Wait until the ``total`` tasks of the queue are finished; the drain's seconds, by the
     server's clock, from the first claim to the last completion (start-up excluded)."""
     reported = time.monotonic()
     with psycopg.connect(url, autocommit=True) as conn:
-        while (done := _completed(conn, queue)) < total:
+        while (done := total - _unfinished(conn, queue)) < total:
             now = time.monotonic()
             if worker.poll() is not None:
                 raise PgQueueError(f"the benchmark's worker exited with {worker.returncode}")
@@ -186,7 +191,7 @@ def _wait_for(
             if now - reported >= 2:
                 progress(f"  {done:,} of {total:,} done")
                 reported = now
-            time.sleep(0.02)
+            time.sleep(0.05)
         row = conn.execute(
             "SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8"
             "  FROM pgqueue.tasks WHERE queue = %s",
