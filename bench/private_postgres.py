@@ -216,6 +216,22 @@ class PrivateServer:
                 os.kill(pid, signal.SIGKILL)
             time.sleep(1)
 
+    def restart(self, mode: str) -> float:
+        """Stop the server with ``mode`` (``fast``: roll back and disconnect every session;
+        ``immediate``: kill every process at once, so the next start runs crash recovery) and
+        start it again on the same port. Returns the seconds it was down."""
+        if mode not in ("fast", "immediate"):
+            raise ValueError(f"shutdown mode must be fast or immediate, not {mode!r}")
+        began = time.monotonic()
+        result = self._run(
+            [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"],
+            timeout=90,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"pg_ctl stop -m {mode} failed: {result.stderr.strip()}")
+        self.start()
+        return time.monotonic() - began
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
