@@ -620,6 +620,10 @@ class Worker:
                     max_size=self.config.concurrency,
                     open=False,
                     kwargs={"connect_timeout": 10},
+                    # Checked before each loan: a connection the server dropped while it sat
+                    # in the pool (a restart, pg_terminate_backend) would otherwise fail the
+                    # next handler's transaction and cost its task an attempt.
+                    check=AsyncConnectionPool.check_connection,
                     name="pgqueue-handlers",
                 )
                 await pool.open(wait=False)
@@ -634,6 +638,7 @@ class Worker:
                     min_size=0,
                     max_size=self.config.concurrency,
                     kwargs={"connect_timeout": 10},
+                    check=ConnectionPool.check_connection,  # as for the async pool above
                     name="pgqueue-sync-handlers",
                     open=True,
                 )
