@@ -136,7 +136,7 @@ class Fleet:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stopped: set[int] = set()  # pids under SIGSTOP
         self.deaths: list[tuple[float, int, int]] = []  # (when, pid, exit code)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._closing = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
 
@@ -176,6 +176,20 @@ class Fleet:
                         self.deaths.append((time.time(), proc.pid, code))
                         self._spawn(slot)
 
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until every worker LISTENs: a fault injected while they still start would test
+        their startup, not the recovery of running workers."""
+        deadline = time.monotonic() + timeout
+        with connect(self.url) as conn:
+            while scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN pgqueue'"
+                " AND datname = current_database()",
+            ) < len(self.procs):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"workers not ready after {timeout} s: see their logs")
+                time.sleep(0.1)
+
     def alive(self) -> list[int]:
         with self.lock:
             return [
@@ -190,6 +204,12 @@ class Fleet:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         return pid
+
+    def resume(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        with self.lock:
+            self.stopped.discard(pid)
 
     def stop(self) -> None:
         self._closing.set()
@@ -212,6 +232,12 @@ class Fleet:
 
 def connect(url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(url, autocommit=True, connect_timeout=5, application_name=DRIVER)
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
 
 
 def retrying(url: str, fn: Callable[[psycopg.Connection[Any]], Any], timeout: float = 90) -> Any:
@@ -338,7 +364,8 @@ def inject(
     """The scenario's faults from the driver's side, at seeded moments inside the producer's
     window (the handler faults inject themselves and are read back from the database)."""
     faults: list[Fault] = []
-    count = {"restart_fast": 1, "restart_immediate": 1}.get(scenario, settings.repeats)
+    resumes: list[threading.Timer] = []
+    count = settings.repeats
     if scenario in ("hang", "suicide"):
         return faults
     t0 = time.monotonic()
@@ -354,12 +381,13 @@ def inject(
         elif scenario == "terminate":
             killed = retrying(
                 url,
-                lambda c: c.execute(
+                lambda c: scalar(
+                    c,
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE datname = current_database() AND pid <> pg_backend_pid()"
                     " AND backend_type = 'client backend' AND application_name <> %s",
                     (DRIVER,),
-                ).fetchone()[0],
+                ),
             )
             faults.append(Fault("pg_terminate_backend", at, f"{killed} connections"))
         elif scenario in ("restart_fast", "restart_immediate"):
@@ -367,17 +395,19 @@ def inject(
             down = server.restart(mode)
             faults.append(Fault(f"restart -m {mode}", at, f"down {down:.2f} s"))
         elif scenario == "sigstop":
-            pid = fleet.signal_one(rng, signal.SIGSTOP)
-            if pid is None:
-                continue
-            with fleet.lock:
+            with fleet.lock:  # under the lock: two stops never pick the same process
+                if len(fleet.alive()) < 2:
+                    continue  # never stop the last running worker: the run would stall
+                pid = fleet.signal_one(rng, signal.SIGSTOP)
+                if pid is None:
+                    continue
                 fleet.stopped.add(pid)
-            time.sleep(settings.lease * 2.5)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-            with fleet.lock:
-                fleet.stopped.discard(pid)
+            timer = threading.Timer(settings.lease * 2.5, fleet.resume, (pid,))
+            timer.start()
+            resumes.append(timer)
             faults.append(Fault("SIGSTOP", at, f"pid {pid} for {settings.lease * 2.5:.1f} s"))
+    for timer in resumes:
+        timer.join()
     return faults
 
 
@@ -387,11 +417,12 @@ def wait_finished(url: str, prefix: str, timeout: float) -> bool:
     while time.monotonic() < deadline:
         left = retrying(
             url,
-            lambda c: c.execute(
+            lambda c: scalar(
+                c,
                 "SELECT count(*) FROM pgqueue.tasks WHERE queue = %s"
                 " AND idempotency_key LIKE %s AND status IN ('queued', 'running')",
                 (QUEUE, prefix + "%"),
-            ).fetchone()[0],
+            ),
         )
         if left == 0:
             return True
@@ -419,7 +450,9 @@ def verify(
         ).fetchall()
         runs = conn.execute(
             "SELECT task_id, lease_token, attempt, extract(epoch FROM started_at), pid"
-            " FROM chaos.executions WHERE task_id = ANY(%s) ORDER BY started_at",
+            # By attempt: a worker stopped between its claim and its handler's first write
+            # records attempt 1 after another worker recorded attempt 2.
+            " FROM chaos.executions WHERE task_id = ANY(%s) ORDER BY attempt, started_at",
             (ids,),
         ).fetchall()
         effects = dict(
@@ -447,9 +480,11 @@ def verify(
     multi = {tid: rs for tid, rs in runs_of.items() if len(rs) > 1}
     # Executions that were followed by another; why each was is settled from the logs later.
     # Two on one lease, or more executions than claims, cannot be explained at all.
+    # Poison tasks run max_attempts times by design: not counted as re-runs.
     earlier = [
         {"task_id": str(tid), "attempt": r[2], "pid": r[4], "all": [(x[2], x[4]) for x in rs]}
         for tid, rs in multi.items()
+        if by_id[tid][1] not in POISON_TYPES
         for r in rs[:-1]
     ]
     double_leases = sum(
@@ -495,6 +530,7 @@ def verify(
         "extra_executions": sum(len(rs) - 1 for rs in multi.values()),
         "double_leases": double_leases,
         "_earlier": earlier,
+        "_ids": {str(i) for i in ids},
         "tx_completed": len(tx_done),
         "tx_effects_not_once": effects_bad,
         "recovered_s": recovered_s,
@@ -553,9 +589,7 @@ def explain(row: dict[str, Any], events: list[dict[str, Any]], dead_pids: set[in
         why.get((x["task_id"], x["attempt"]), "lease_lost" if x["pid"] in dead_pids else "?")
         for x in earlier
     ]
-    row["unexplained_reruns"] = [
-        x for x, r in zip(earlier, reasons, strict=True) if r == "unexplained"
-    ]
+    row["unexplained_reruns"] = [x for x, r in zip(earlier, reasons, strict=True) if r == "?"]
     row["reruns_after_failure"] = reasons.count("failed")
     row["reruns_after_lost_lease"] = reasons.count("lease_lost")
     row["unexplained"] = reasons.count("?")
@@ -581,7 +615,6 @@ def scratch_dir(keep: Path | None) -> Iterator[Path]:
 def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
     started = time.time()
     rows: list[dict[str, Any]] = []
-    windows: list[tuple[str, float, float]] = []
     with private_server(settings.pg_version) as server, scratch_dir(keep) as log_dir:
         url = server.url()
         migrate.upgrade(url)
@@ -592,6 +625,7 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         fleet = Fleet(url, settings, log_dir)
         fleet.start()
         try:
+            fleet.wait_ready()
             per = settings.tasks // len(settings.scenarios)
             for k, scenario in enumerate(settings.scenarios):
                 rng = random.Random(f"{settings.seed}:{scenario}")
@@ -608,7 +642,6 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                 row = verify(url, scenario, producer, faults, settings)
                 row["finished_in_time"] = done
                 row["seconds"] = round(time.time() - began, 1)
-                windows.append((scenario, began, time.time()))
                 rows.append(row)
                 log(
                     f"{scenario}: {row['completed']} completed, {row['dead_lettered']} dead, "
@@ -620,9 +653,9 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         events = log_events(log_dir)
         deaths = list(fleet.deaths)
     for row in rows:
-        _, lo, hi = next(w for w in windows if w[0] == row["scenario"])
+        ids = row.pop("_ids")
         row["late_outcomes_fenced"] = sum(
-            1 for e in events if e.get("event") == "task.lease_lost" and lo <= e["at"] <= hi
+            1 for e in events if e.get("event") == "task.lease_lost" and e.get("task_id") in ids
         )
         explain(row, events, {pid for _, pid, _ in deaths})
         row["violations"] = failures(row)
@@ -637,6 +670,7 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1),
         "worker_deaths": len(deaths),
+        "worker_exit_codes": sorted({code for _, _, code in deaths}),
         "worker_log_events": dict(sorted(counts.items())),
         "scenarios": rows,
         "unparsed_log_lines": unparsed,

@@ -87,7 +87,7 @@ def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Con
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=10, **kwargs)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to {redact(url)}: {_first_line(exc)}") from None
+        raise _unavailable(url, exc) from None
 
 
 async def aconnect(
@@ -99,7 +99,20 @@ async def aconnect(
             url, autocommit=autocommit, connect_timeout=10, **kwargs
         )
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to {redact(url)}: {_first_line(exc)}") from None
+        raise _unavailable(url, exc) from None
+
+
+# What the server answers when connecting cannot work however long one waits (libpq gives no
+# SQLSTATE for a refused connection, only the server's message).
+_PERMANENT = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+
+
+def _unavailable(url: str, exc: psycopg.OperationalError) -> DatabaseUnavailable:
+    line = _first_line(exc)
+    return DatabaseUnavailable(
+        f"cannot connect to {redact(url)}: {line}",
+        transient=not any(marker in str(exc) for marker in _PERMANENT),
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -54,7 +54,16 @@ class InvalidDatabaseURL(ConfigurationError):
 
 
 class DatabaseUnavailable(PgQueueError):
-    """The database could not be reached; the message never contains the password."""
+    """The database could not be reached; the message never contains the password.
+
+    ``transient`` says whether waiting may help: a server that is down, starting up or out of
+    connections comes back; a wrong password, an unknown role or a database that does not
+    exist do not, and retrying would only hide the mistake.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class SchemaNotReady(PgQueueError):

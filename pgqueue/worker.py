@@ -73,6 +73,9 @@ class WorkerConfig:
     # commit, the index walk), so large batches make short tasks cheap (26k/s vs 20k/s for
     # no-op tasks at 100); with long tasks, free slots limit the batch anyway.
     max_claim_batch: int = 500
+    # How long a starting worker waits for a database that is down or starting up (a
+    # restart, a failover, a worker scheduled before its database) before it gives up.
+    startup_timeout: float = 60.0
     worker_id: str = ""
     maintenance: MaintenanceConfig = dataclasses.field(default_factory=MaintenanceConfig)
 
@@ -89,6 +92,8 @@ class WorkerConfig:
             raise ValidationError("poll_interval", "must be positive")
         if self.grace_period < 0:
             raise ValidationError("grace_period", "must be >= 0")
+        if self.startup_timeout < 0:
+            raise ValidationError("startup_timeout", "must be >= 0")
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -167,10 +172,8 @@ class Worker:
         self._slot_freed.set()
 
     async def run_async(self, *, install_signal_handlers: bool = False) -> None:
-        from pgqueue import migrate  # alembic is slow to import: only when a worker starts
-
         cfg = self.config
-        await asyncio.to_thread(migrate.check, self.database_url)  # refuse a schema behind head
+        await self._wait_for_database()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -221,6 +224,35 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             event("worker.stopped", worker=cfg.worker_id, processed=self.processed)
+
+    async def _wait_for_database(self) -> None:
+        """Refuse a schema behind head, waiting up to ``startup_timeout`` for a database that
+        is down or starting up. A running worker rides out an outage; one that starts during
+        it should too, rather than exit and be restarted in a loop by its supervisor (whose
+        backoff grows to minutes). A refusal that waiting cannot cure (wrong password, no
+        such database) still fails at once."""
+        from pgqueue import migrate  # alembic is slow to import: only when a worker starts
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.startup_timeout
+        delay = 0.2
+        while True:
+            try:
+                await asyncio.to_thread(migrate.check, self.database_url)
+                return
+            except DatabaseUnavailable as exc:
+                if not exc.transient or loop.time() + delay > deadline:
+                    raise
+                event(
+                    "worker.database_unreachable",
+                    logging.WARNING,
+                    worker=self.config.worker_id,
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                    gives_up_in_s=round(deadline - loop.time(), 1),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _check_server(self) -> None:
         """Warn about server settings that hurt a queue table over time."""

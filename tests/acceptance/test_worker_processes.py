@@ -589,6 +589,54 @@ def test_workers_survive_a_postgresql_restart_and_lose_no_task(
     )
 
 
+@pytest.mark.slow
+def test_worker_started_while_the_database_is_down_waits_for_it_then_runs_the_tasks(
+    private_server: Any, workers: Workers
+) -> None:
+    admin_url = private_server.get_uri()
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute("CREATE DATABASE pgqueue_late")
+    url = _url_with_database(admin_url, "pgqueue_late")
+    migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SIDE_TABLES)
+        ids = enqueue(conn, *({"type": "noop"} for _ in range(20)))
+    private_server.stop()
+
+    worker = workers.start(url, *FAST, "--log-format", "json", name="early")
+    wait_until(
+        lambda: [e for e in worker.events() if e["event"] == "worker.database_unreachable"],
+        timeout=30,
+        what="the starting worker to say it is waiting for the database",
+        workers=workers,
+        alive=[worker],
+    )
+    private_server.start()
+    with psycopg.connect(url, autocommit=True) as conn:
+        wait_until(
+            lambda: all_in_status(conn, ids, "completed"),
+            timeout=60,
+            what="the tasks to complete once the database is up",
+            workers=workers,
+            alive=[worker],
+        )
+    waited = [e for e in worker.events() if e["event"] == "worker.database_unreachable"]
+    assert all("password" not in e["error"] for e in waited)
+    assert waited[0]["gives_up_in_s"] > 50, "the default startup timeout is 60 s"
+
+
+def test_worker_exits_at_once_when_its_database_does_not_exist(
+    database_url: str, workers: Workers
+) -> None:
+    """Waiting cannot fix a wrong database name: the worker says so and exits, no retries."""
+    missing = _url_with_database(database_url, f"no_such_db_{uuid.uuid4().hex[:8]}")
+    worker = workers.start(missing, "--log-format", "json", name="typo")
+    code, _ = wait_for_exit(worker, timeout=30)
+    assert code == 1
+    assert "does not exist" in worker.stderr()
+    assert not [e for e in worker.events() if e["event"] == "worker.database_unreachable"]
+
+
 # --- 6. a task longer than its lease ----------------------------------------------------------
 
 
