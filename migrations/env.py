@@ -18,7 +18,11 @@ VERSION_TABLE = "pgqueue_alembic_version"
 
 def _run(connection: Connection) -> None:
     # The version table lives in our schema, so the schema must exist before alembic looks.
-    connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
+    # Only created when missing: CREATE SCHEMA IF NOT EXISTS still needs CREATE on the
+    # database, which an owner role given a schema the DBA made beforehand need not have.
+    exists = connection.execute(text("SELECT to_regnamespace(:s)"), {"s": SCHEMA}).scalar()
+    if exists is None:
+        connection.execute(text(f"CREATE SCHEMA {SCHEMA}"))
     context.configure(
         connection=connection,
         version_table=VERSION_TABLE,

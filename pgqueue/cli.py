@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import itertools
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -23,7 +24,7 @@ import typer
 
 from pgqueue import operations as ops
 from pgqueue.client import Client
-from pgqueue.config import DEFAULT_QUEUE, redact, resolve_database_url
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, redact, resolve_database_url
 from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound, ValidationError
 from pgqueue.formatting import MISSING, age, headline, key_values, table, timestamp
 from pgqueue.models import Task, TaskStatus
@@ -685,6 +686,65 @@ def migrate(
     )
 
 
+@app.command()
+def grant(
+    role: Annotated[
+        str,
+        typer.Argument(
+            metavar="ROLE", help="The role workers and the API log in as (it must exist)."
+        ),
+    ],
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="The schema owner's URL (default: the global --database-url, else "
+            "$PGQUEUE_DATABASE_URL).",
+        ),
+    ] = None,
+    print_only: Annotated[
+        bool,
+        typer.Option("--print", help="Print the SQL for ROLE instead of running it (offline)."),
+    ] = False,
+) -> None:
+    """Grant ROLE what workers and the HTTP API need, and no DDL (run as the schema's owner)."""
+    from pgqueue import roles
+
+    if print_only:
+        script = roles.grant_script(role)
+        statements = [s.as_string(None) for s in roles.grant_statements(role)]
+        emit({"role": role, "statements": statements}, script)
+        return
+    from pgqueue import db
+    from pgqueue import migrate as migrate_mod
+
+    roles.check_role_name(role)  # a usage error before any connection
+    url = resolve_database_url(database_url) if database_url is not None else state.url()
+    migrate_mod.check(url)
+    with db.connect(url, autocommit=True) as conn:
+        granted = roles.grant(conn, role)
+    human = (
+        f"granted role {role!r} what workers and the API need ({len(granted.statements)} "
+        f"statements) on {redact(url)}"
+    )
+    if not granted.maintain:
+        human += (
+            f"\nnote: PostgreSQL {granted.server_version // 10000} has no MAINTAIN privilege, so "
+            f"workers running as {role!r} cannot ANALYZE pgqueue.tasks: they say so once "
+            "(maintenance.analyze_not_permitted) and autovacuum keeps its statistics"
+        )
+    emit(
+        {
+            "role": role,
+            "database": redact(url),
+            "statements": granted.statements,
+            "server_version": granted.server_version,
+            "maintain": granted.maintain,
+        },
+        human,
+    )
+
+
 # --- worker and demo ---------------------------------------------------------------------------
 
 
@@ -720,6 +780,13 @@ def worker(
         bool, typer.Option(help="Run the lease sweep and retention pruning in this worker.")
     ] = True,
     sweep_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between sweeps.")] = 5.0,
+    startup_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds a starting worker waits for a database that is down or starting up.",
+        ),
+    ] = 60.0,
     completed_retention: Annotated[
         float, typer.Option(min=1, help="Seconds to keep completed and cancelled tasks.")
     ] = 24 * 3600.0,
@@ -743,14 +810,16 @@ def worker(
     url = state.url()
     tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
-        argv = [sys.executable, "-m", "pgqueue", "--database-url", url]
-        argv += ["worker", registry, "--processes", "1"]
+        # The URL goes to the children in their environment, not their argv: any local user
+        # can read a command line (ps), and the URL may hold a password.
+        argv = [sys.executable, "-m", "pgqueue", "worker", registry, "--processes", "1"]
         for name, value in (
             ("--concurrency", concurrency),
             ("--lease-seconds", lease_seconds),
             ("--grace-period", grace_period),
             ("--poll-interval", poll_interval),
             ("--sweep-interval", sweep_interval),
+            ("--startup-timeout", startup_timeout),
             ("--completed-retention", completed_retention),
             ("--dead-retention", dead_retention),
             ("--log-format", log_format),
@@ -761,13 +830,15 @@ def worker(
             argv += ["--queue", q]
         if not maintenance:
             argv.append("--no-maintenance")
-        raise typer.Exit(Supervisor(argv, processes).run())
+        env = {**os.environ, ENV_DATABASE_URL: url}
+        raise typer.Exit(Supervisor(argv, processes, env=env).run())
     config = WorkerConfig(
         queues=queues,
         concurrency=concurrency,
         lease_seconds=lease_seconds,
         poll_interval=poll_interval,
         grace_period=grace_period,
+        startup_timeout=startup_timeout,
         maintenance=MaintenanceConfig(
             enabled=maintenance,
             sweep_interval=sweep_interval,

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import time
 from typing import Any
 
 import psycopg
@@ -23,6 +24,10 @@ from pgqueue.errors import DatabaseUnavailable, ValidationError
 from pgqueue.log import event
 from pgqueue.models import TaskStatus
 from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
+
+# After ANALYZE was refused (see Maintenance.analyze_once), try again this much later: a DBA
+# may have granted MAINTAIN meanwhile.
+ANALYZE_RETRY_SECONDS = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,7 @@ class MaintenanceResult:
 class Maintenance:
     def __init__(self, config: MaintenanceConfig | None = None) -> None:
         self.config = config or MaintenanceConfig()
+        self._analyze_denied_at: float | None = None  # when ANALYZE was last skipped for us
 
     async def _locked_batch(self, conn: psycopg.AsyncConnection[Any], op: queries.Op[Any]) -> Any:
         """Run ``op`` in a transaction holding the maintenance lock; None if someone else has it."""
@@ -112,9 +118,46 @@ class Maintenance:
         return out
 
     async def analyze_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        """Refresh the table's statistics if a burst made them stale (see stats_staleness)."""
-        changed = await self._locked_batch(conn, queries.analyze_if_stale())
+        """Refresh the table's statistics if a burst made them stale (see stats_staleness).
+
+        A role that may not analyze the table (before PostgreSQL 17 only the table's or the
+        database's owner may; from 17, whoever holds MAINTAIN on it) gets no error from
+        ANALYZE, only a warning, and nothing is analyzed. That is reported once, as
+        ``maintenance.analyze_not_permitted``, and then not tried again for
+        ANALYZE_RETRY_SECONDS (autovacuum keeps the statistics meanwhile): otherwise every
+        round would claim an analyze that never happened.
+        """
+        now = time.monotonic()
+        if self._analyze_denied_at is not None and now - self._analyze_denied_at < (
+            ANALYZE_RETRY_SECONDS
+        ):
+            return 0
+        skipped: list[str] = []
+
+        def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+            # ANALYZE of one table warns only when it skips it (the permission check).
+            if (diag.severity_nonlocalized or diag.severity) == "WARNING":
+                skipped.append(diag.message_primary or "skipped")
+
+        conn.add_notice_handler(on_notice)
+        try:
+            changed = await self._locked_batch(conn, queries.analyze_if_stale())
+        finally:
+            conn.remove_notice_handler(on_notice)
+        if changed and skipped:
+            if self._analyze_denied_at is None:
+                event(
+                    "maintenance.analyze_not_permitted",
+                    logging.WARNING,
+                    changed_rows=changed,
+                    error=skipped[0],
+                    note="this role may not ANALYZE pgqueue.tasks; autovacuum keeps its "
+                    "statistics (PostgreSQL 17+: GRANT MAINTAIN, see `pgqueue grant`)",
+                )
+            self._analyze_denied_at = now
+            return 0
         if changed:
+            self._analyze_denied_at = None
             event("maintenance.analyze", changed_rows=changed)
         return int(changed or 0)
 

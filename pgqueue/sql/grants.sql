@@ -1,0 +1,58 @@
+-- The privileges of pgqueue's application role: what workers, the HTTP API, pgqueue.Client and
+-- the operator commands (enqueue, status, list, cancel, stats, dlq, migrate --check) need to do
+-- their work, and nothing more. No DDL: the role cannot create, alter, drop or truncate
+-- anything. `pgqueue migrate` runs as the owner of the pgqueue schema instead (docs/security.md).
+--
+-- Run it as the schema's owner (the role that ran `pgqueue migrate`), after every migrate:
+--
+--     pgqueue --database-url "$OWNER_URL" grant pgqueue_app
+--     psql "$OWNER_URL" -v app_role=pgqueue_app -f grants.sql
+--
+-- :"app_role" is the placeholder for the role's name (psql quotes it as an identifier, and
+-- `pgqueue grant` with psycopg.sql; `pgqueue grant ROLE --print` prints this file for ROLE).
+-- The role must exist (CREATE ROLE pgqueue_app LOGIN PASSWORD '...'). Granting twice changes
+-- nothing. pgqueue needs no privilege on anything outside its schema: LISTEN, NOTIFY, advisory
+-- locks, current_setting() and the statistics views are open to every role.
+\set ON_ERROR_STOP on
+
+-- Reach the objects in the schema at all (USAGE only: CREATE stays with the owner).
+GRANT USAGE ON SCHEMA pgqueue TO :"app_role";
+
+-- The queue itself. INSERT: enqueue and its bulk COPY. UPDATE: claim (with its row locks, FOR
+-- UPDATE SKIP LOCKED), heartbeat, complete, fail, release, cancel, replay and the expired-lease
+-- sweep. SELECT: status, list and every WHERE above. DELETE: discarding dead letters and
+-- retention pruning. Not TRUNCATE, REFERENCES or TRIGGER.
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
+
+-- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
+-- read all three.
+GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks
+    TO :"app_role";
+
+-- Workers, pgqueue.Client, the CLI and the API's /readyz check the schema revision before
+-- they work (they refuse a schema behind the code). Read-only: only migrations write it.
+GRANT SELECT ON TABLE pgqueue.pgqueue_alembic_version TO :"app_role";
+
+-- Failing a task and the sweep compute the retry delay with retry_delay; the views call
+-- priority_name. PUBLIC may execute functions by default, but not where a DBA revoked that.
+GRANT EXECUTE ON FUNCTION pgqueue.retry_delay(integer, real, real, real),
+                          pgqueue.priority_name(smallint)
+    TO :"app_role";
+
+-- Hand the role's name to the DO block below (psql substitutes nothing inside $$ quotes).
+SELECT set_config('pgqueue.app_role', :'app_role', false);
+
+-- Workers ANALYZE pgqueue.tasks after a burst of changes, so that the claim keeps walking its
+-- index instead of sorting the backlog. On PostgreSQL 17 and newer that takes MAINTAIN (which
+-- also allows VACUUM, REINDEX, CLUSTER and LOCK TABLE on this one table; still no DDL). Before
+-- 17 only the table's or the database's owner may analyze: nothing is granted, workers log
+-- maintenance.analyze_not_permitted once and stop trying, and autovacuum keeps the statistics
+-- (the migration makes it analyze after 2 % of the rows changed).
+DO $$
+BEGIN
+    IF current_setting('server_version_num')::int >= 170000 THEN
+        EXECUTE format('GRANT MAINTAIN ON TABLE pgqueue.tasks TO %I',
+                       current_setting('pgqueue.app_role'));
+    END IF;
+END
+$$;
