@@ -67,8 +67,9 @@ MAX_PAGE = 500
 class ApiSettings:
     """How the API runs. ``tokens`` empty means no authentication (loopback use only)."""
 
-    database_url: str | None = None
-    tokens: frozenset[str] = frozenset()
+    # Out of repr: settings get printed and logged, and both may hold secrets.
+    database_url: str | None = dataclasses.field(default=None, repr=False)
+    tokens: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY
     pool_size: int = 10
 

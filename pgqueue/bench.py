@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from pgqueue import operations as ops
+from pgqueue.config import ENV_DATABASE_URL
 from pgqueue.errors import PgQueueError
 from pgqueue.executor import TaskContext
 from pgqueue.registry import TaskRegistry
@@ -133,7 +134,7 @@ def run(url: str, config: BenchConfig, progress: Progress = lambda line: None) -
 
 
 def _start_worker(url: str, queue: str, config: BenchConfig) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "pgqueue", "--database-url", url]
+    command = [sys.executable, "-m", "pgqueue"]
     command += [
         "worker",
         "pgqueue.bench:tasks",
@@ -144,8 +145,10 @@ def _start_worker(url: str, queue: str, config: BenchConfig) -> subprocess.Popen
     ]
     command += ["--concurrency", str(config.concurrency), "--no-maintenance"]
     command += ["--log-level", "WARNING"]
-    # Its own process group, so that stopping it reaches every worker process it started.
-    return subprocess.Popen(command, start_new_session=True, env=dict(os.environ))
+    # Its own process group, so that stopping it reaches every worker process it started. The
+    # URL goes in the environment, not on a command line that any local user can read.
+    env = {**os.environ, ENV_DATABASE_URL: url}
+    return subprocess.Popen(command, start_new_session=True, env=env)
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:

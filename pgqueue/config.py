@@ -24,8 +24,24 @@ MAX_NAME_LENGTH = 200
 _SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg_async")
 
 
+# A password in the query string (``?password=...``, ``&sslpassword=...``), which libpq accepts.
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:ssl)?password=)[^&#]*")
+# A password in a libpq key=value string (``host=db password=secret``, quoted or not).
+_KEYWORD_PASSWORD = re.compile(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)")
+
+
 def redact(url: str) -> str:
-    """The URL with its password replaced, for messages and logs."""
+    """The URL with every password in it replaced, for messages and logs: the one in the
+    authority, ``password``/``sslpassword`` in the query string, and, in a string that is not
+    a URL at all (``user:secret@host``), whatever stands between the first ``:`` and the
+    last ``@``."""
+    url = _QUERY_PASSWORD.sub(r"\1***", url)
+    if "://" not in url:
+        url = _KEYWORD_PASSWORD.sub(r"\1***", url)
+        if "@" in url and ":" in url.rpartition("@")[0]:
+            user = url.rpartition("@")[0].partition(":")[0]
+            return f"{user}:***@{url.rpartition('@')[2]}"
+        return url
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -34,6 +50,18 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _without_userinfo_tokens(reason: str, url: str) -> str:
+    """libpq's reason with any quoted token taken from the URL's user:password part masked
+    (a bad percent-escape in the password is quoted back verbatim)."""
+    authority = url.partition("://")[2].partition("/")[0]
+    userinfo = authority.rpartition("@")[0]
+    if not userinfo:
+        return reason
+    return re.sub(
+        r'"([^"]*)"', lambda m: '"***"' if m.group(1) and m.group(1) in userinfo else m[0], reason
+    )
 
 
 def validate_database_url(url: str) -> str:
@@ -66,6 +94,7 @@ def validate_database_url(url: str) -> str:
         psycopg.conninfo.conninfo_to_dict(normalised)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not understood"
+        reason = _without_userinfo_tokens(reason, url)
         raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {reason}") from None
     return normalised
 

@@ -104,7 +104,13 @@ async def aconnect(
 
 # What the server answers when connecting cannot work however long one waits (libpq gives no
 # SQLSTATE for a refused connection, only the server's message).
-_PERMANENT = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+_PERMANENT = (
+    "password authentication failed",
+    "does not exist",  # the database, the role, or a certificate file
+    "no pg_hba.conf entry",
+    "certificate verify failed",
+    "server does not support SSL",
+)
 
 
 def _unavailable(url: str, exc: psycopg.OperationalError) -> DatabaseUnavailable:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pgqueue import log, migrate, operations
 from pgqueue.client import Client
+from pgqueue.config import redact
 from pgqueue.executor import TaskContext
 from pgqueue.models import RetryPolicy, TaskStatus
 from pgqueue.registry import TaskRegistry
@@ -87,7 +88,7 @@ def run_demo(
 ) -> dict[str, Any]:
     started = time.monotonic()
     client = Client(database_url)
-    echo(f"database: {client.database_url.split('?')[0]} (migrating)")
+    echo(f"database: {redact(client.database_url)} (migrating)")
     migrate.upgrade(client.database_url)
     with client:
         results = client.enqueue_many(_plan())

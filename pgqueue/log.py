@@ -30,7 +30,10 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
-        parts = [f"{ts}Z", f"{record.levelname:<7}", record.getMessage()]
+        # One event, one line: another library's message (psycopg's pool quotes the server's
+        # multi-line errors) has its line breaks escaped.
+        message = record.getMessage().replace("\n", "\\n").replace("\t", " ")
+        parts = [f"{ts}Z", f"{record.levelname:<7}", message]
         for key, value in _fields(record).items():
             text = str(value)
             if not text or any(c.isspace() or c in '"=' for c in text):

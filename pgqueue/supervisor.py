@@ -13,7 +13,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from pgqueue.log import event
@@ -23,8 +23,11 @@ STABLE_AFTER = 30.0
 
 
 class Supervisor:
-    def __init__(self, command: Sequence[str], processes: int) -> None:
+    def __init__(
+        self, command: Sequence[str], processes: int, *, env: Mapping[str, str] | None = None
+    ) -> None:
         self.command = list(command)
+        self.env = dict(env) if env is not None else None
         self.processes = processes
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.started_at: dict[int, float] = {}
@@ -33,7 +36,7 @@ class Supervisor:
         self.signals = 0
 
     def _spawn(self, slot: int) -> None:
-        proc = subprocess.Popen(self.command)
+        proc = subprocess.Popen(self.command, env=self.env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
         event("worker.process_started", slot=slot, pid=proc.pid)
