@@ -36,7 +36,7 @@ from fastapi.security import HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue import aio, queries
@@ -99,19 +99,39 @@ class ApiSettings:
 # --- wire models -----------------------------------------------------------------------------
 
 
+def _none_as_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+def _fold_name(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _datetime_text(value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 date-time string with a time zone offset")
+    return value
+
+
 class SubmitTask(BaseModel):
     """A task to submit. ``run_at`` (with a time zone) or ``delay_seconds`` schedules it."""
 
     model_config = ConfigDict(extra="forbid")
 
     type: str = Field(min_length=1, max_length=200, examples=["send_email"])
-    payload: dict[str, Any] = Field(default_factory=dict, examples=[{"to": "a@example.com"}])
-    priority: Literal["high", "normal", "low"] = "normal"
+    # null means "no payload" ({}), as None does in the library and no --payload in the CLI.
+    payload: Annotated[dict[str, Any], BeforeValidator(_none_as_empty)] = Field(
+        default_factory=dict, examples=[{"to": "a@example.com"}]
+    )
+    # The library's rule: a name in any case, surrounding spaces ignored.
+    priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] = "normal"
     queue: str = Field("default", min_length=1, max_length=200)
     idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
-    run_at: AwareDatetime | None = None
+    # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
+    # integer (not "3", 2.0 or true).
+    run_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = None
     delay_seconds: Annotated[float, Strict()] | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
-    max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    max_attempts: Annotated[int, Strict()] | None = Field(None, ge=1, le=MAX_ATTEMPTS)
 
 
 class TaskOut(BaseModel):
@@ -273,6 +293,8 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:  # FastAPI could not decode the body (bad UTF-8, too deep, ...)
+        return _error(400, "malformed_json", f"the request body is not valid JSON: {exc.detail}")
     names = {404: "not_found", 405: "method_not_allowed"}
     response = _error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
     response.headers.update(exc.headers or {})
@@ -291,7 +313,9 @@ async def _on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(404, "not_found", str(exc))
     if isinstance(exc, InvalidTaskState):
         return _error(409, "conflict", str(exc), status=exc.status)
-    if isinstance(exc, SchemaNotReady | DatabaseUnavailable):
+    if isinstance(exc, SchemaNotReady):  # not a retry-later: someone must run the migrations
+        return _error(503, "schema_not_ready", str(exc))
+    if isinstance(exc, DatabaseUnavailable):
         return _error(503, "unavailable", str(exc))
     return _error(500, "internal_error", "unexpected error")
 
@@ -426,6 +450,7 @@ class _State:
         self.settings = settings
         self.pool: AsyncConnectionPool[Any] | None = None
         self.head: str | None = None
+        self.schema_ok = False  # the schema was seen at head (see _check_schema)
         self._opening = asyncio.Lock()
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -484,6 +509,9 @@ class _State:
                 max_size=self.settings.pool_size,
                 open=False,
                 kwargs={"connect_timeout": 5},
+                # Checked before each loan: connections the server dropped while idle (a
+                # restart, a failover) would otherwise fail one request each.
+                check=AsyncConnectionPool.check_connection,
                 name="pgqueue-api",
             )
             await pool.open(wait=False)
@@ -501,9 +529,27 @@ class _State:
         assert self.pool is not None
         try:
             async with self.pool.connection(timeout=5) as conn:
+                if not self.schema_ok:
+                    await self._check_schema(conn)
                 yield conn
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise DatabaseUnavailable(f"database unavailable: {exc}") from None
+
+    async def _check_schema(self, conn: Any) -> None:
+        """Serve tasks only from a schema at this pgqueue's revision, as the worker and the
+        Client do: checked on first use and again after each refusal, not on every request."""
+        revision = await queries.arun(conn, queries.schema_version())
+        if revision != self.head:
+            await conn.rollback()
+            from pgqueue import migrate
+
+            if revision is not None and not await asyncio.to_thread(migrate.known, revision):
+                raise migrate.unknown_revision(revision)
+            raise SchemaNotReady(
+                f"the pgqueue schema is at revision {revision or 'none'} but this pgqueue "
+                f"needs {self.head}; run `pgqueue migrate`"
+            )
+        self.schema_ok = True
 
 
 def _encode_cursor(task: Task) -> str:

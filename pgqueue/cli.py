@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import itertools
 import json
+import logging
 import os
 import sys
 import uuid
@@ -27,7 +27,7 @@ from pgqueue.client import Client
 from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, redact, resolve_database_url
 from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound, ValidationError
 from pgqueue.formatting import MISSING, age, headline, key_values, table, timestamp
-from pgqueue.models import Task, TaskStatus
+from pgqueue.models import Priority, Task, TaskStatus
 
 app = typer.Typer(
     help="pgqueue: a job queue that lives in PostgreSQL.",
@@ -59,12 +59,6 @@ class UsageProblem(typer.BadParameter):
 
     def format_message(self) -> str:
         return self.message
-
-
-class PriorityName(enum.StrEnum):
-    HIGH = "high"
-    NORMAL = "normal"
-    LOW = "low"
 
 
 @app.callback()
@@ -140,6 +134,12 @@ def parse_payload(text: str) -> dict[str, Any]:
             f"(character {exc.pos + 1})",
             param_hint="'--payload'",
         ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise typer.BadParameter(f"not usable JSON: {exc}", param_hint="'--payload'") from None
+    except RecursionError:
+        raise typer.BadParameter("nests too deeply", param_hint="'--payload'") from None
+    if value is None:  # null: no payload, as None is in the library and the HTTP API
+        return {}
     if not isinstance(value, dict):
         raise typer.BadParameter(
             f"must be a JSON object such as '{{\"order_id\": 42}}', not {_json_kind(value)}",
@@ -241,8 +241,13 @@ def enqueue(
         typer.Option("--payload", metavar="JSON", help="The task's arguments, a JSON object."),
     ] = "{}",
     priority: Annotated[
-        PriorityName, typer.Option("--priority", case_sensitive=False, help="Priority.")
-    ] = PriorityName.NORMAL,
+        str,
+        typer.Option(
+            "--priority",
+            metavar="[high|normal|low]",
+            help="Priority (any case, as in the library and the HTTP API).",
+        ),
+    ] = "normal",
     queue: Annotated[str, typer.Option("--queue", help="The queue to put it on.")] = DEFAULT_QUEUE,
     idempotency_key: Annotated[
         str | None,
@@ -272,13 +277,17 @@ def enqueue(
     if delay is not None and run_at is not None:
         raise UsageProblem("give --delay or --run-at, not both")
     data = parse_payload(payload)
+    try:
+        level = Priority.parse(priority)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.reason, param_hint="'--priority'") from None
     when = parse_time(run_at, "--run-at") if run_at is not None else None
     with connection() as conn:
         result = ops.enqueue(
             conn,
             task_type,
             data,
-            priority=priority.value,
+            priority=level,
             queue=queue,
             idempotency_key=idempotency_key,
             run_at=when,
@@ -679,6 +688,8 @@ def migrate(
             + ("up to date" if ok else "behind, run `pgqueue migrate`"),
         )
         raise typer.Exit(0 if ok else 1)
+    if before is not None and not migrate_mod.known(before):
+        raise migrate_mod.unknown_revision(before)  # alembic would fail with a traceback
     migrate_mod.upgrade(url)
     emit(
         {"previous": before, "current": head, "database": redact(url)},
@@ -1014,6 +1025,10 @@ def _fail(message: str, code: int) -> None:
 
 def main() -> None:
     """Entry point: one readable line per error, a traceback only with --debug."""
+    # psycopg's pool warns through logging ("discarding closed connection") before the error
+    # reaches us; with no handler configured, logging would print it as a second line. The
+    # worker configures real handlers, which still get these records.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
     try:
         # Not standalone: usage errors come back here instead of typer's multi-line boxes.
         code = app(prog_name="pgqueue", standalone_mode=False)

@@ -58,6 +58,8 @@ class Client:
                     max_size=self._max,
                     open=False,
                     kwargs={"connect_timeout": 10},
+                    # A connection the server dropped while idle would fail one call.
+                    check=ConnectionPool.check_connection,
                 )
                 try:
                     pool.open(wait=True, timeout=15)

@@ -91,6 +91,36 @@ def _has_nul(value: Any) -> bool:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
+# Deeper JSON than this is refused: PostgreSQL stores it, but the HTTP API's serialiser (255
+# levels) and Python's recursion limit (~1000) cannot give it back. No real payload nests so.
+MAX_JSON_DEPTH = 100
+
+
+def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether JSON ``text`` nests objects and arrays deeper than ``limit``: brackets inside
+    strings are skipped. Cheap when there are few brackets (the usual payload)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def encode_payload(payload: object, limit: int | None = None) -> str:
     """The payload as JSON text, or a specific InvalidPayload saying why it cannot be stored."""
     if not isinstance(payload, Mapping):
@@ -99,6 +129,10 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
         text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels") from None
+    if json_depth_exceeds(text):
+        raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:  # a lone surrogate, which PostgreSQL would reject

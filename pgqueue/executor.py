@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from pgqueue.enqueue import MAX_JSON_DEPTH, json_depth_exceeds
 from pgqueue.errors import LeaseLost
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import arun, dumps, run, task_complete
@@ -138,9 +139,14 @@ def describe(exc: BaseException) -> str:
 
 def _encode_result(value: Any) -> Completed | Failed:
     try:
-        return Completed(None if value is None else dumps(value))
+        text = None if value is None else dumps(value)
     except (TypeError, ValueError) as exc:
         return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
+    except RecursionError:
+        text = "[" * (MAX_JSON_DEPTH + 1)  # deeper than anything: refused just below
+    if text is not None and json_depth_exceeds(text):
+        return Failed(f"handler returned a value nested deeper than {MAX_JSON_DEPTH} levels")
+    return Completed(text)
 
 
 def _from_exception(exc: BaseException) -> Outcome:

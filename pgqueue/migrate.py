@@ -53,6 +53,23 @@ def head() -> str:
     return rev
 
 
+def known(revision: str) -> bool:
+    """Whether this version of pgqueue has ``revision`` among its migrations."""
+    script = ScriptDirectory.from_config(alembic_config())
+    try:
+        return script.get_revision(revision) is not None
+    except Exception:  # alembic's CommandError/ResolutionError for an unknown id
+        return False
+
+
+def unknown_revision(at: str) -> SchemaNotReady:
+    return SchemaNotReady(
+        f"the pgqueue schema is at revision {at}, which this pgqueue ({head()} is its newest) "
+        "does not know: the database was probably migrated by a newer pgqueue; upgrade "
+        "pgqueue here (`pgqueue migrate` cannot go back to an older revision)"
+    )
+
+
 def _with_connection(target: Connection | str | None, fn: Any) -> Any:
     if isinstance(target, Connection):
         return fn(target)
@@ -137,6 +154,8 @@ def check(target: Connection | str | None = None) -> None:
         raise SchemaNotReady(
             "the pgqueue schema is not installed in this database; run `pgqueue migrate`"
         )
+    if at != want and not known(at):
+        raise unknown_revision(at)
     if at != want:
         raise SchemaNotReady(
             f"the pgqueue schema is at revision {at} but this pgqueue needs {want}; "

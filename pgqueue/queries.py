@@ -100,7 +100,11 @@ def _translate(exc: psycopg.Error) -> Exception | None:
         return SchemaNotReady(_MISSING_SCHEMA.format(detail=db._first_line(exc)))
     if isinstance(exc, psycopg.errors.UndefinedColumn):
         return SchemaNotReady(_MISSING_SCHEMA.format(detail=db._first_line(exc)))
-    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+    # No SQLSTATE (the socket broke), 57P (the server terminated the session: an admin, a
+    # shutdown, a crash) or 08 (connection exceptions): the connection is gone, not the query.
+    if isinstance(exc, psycopg.OperationalError) and (
+        exc.sqlstate is None or exc.sqlstate.startswith(("57P", "08"))
+    ):
         return DatabaseUnavailable(f"lost the database connection: {db._first_line(exc)}")
     return None
 

@@ -982,7 +982,8 @@ def test_readyz_is_503_when_the_schema_is_missing(start_server, empty_database_u
     body = assert_error(response, 503, "not_ready")
     assert "pgqueue migrate" in body["message"]
     assert live.client.get("/healthz").status_code == 200
-    assert_error(live.client.get("/api/v1/tasks"), 503, "unavailable")
+    # A code of its own: an operator must migrate, not wait for the database.
+    assert_error(live.client.get("/api/v1/tasks"), 503, "schema_not_ready")
 
 
 def test_unreachable_database_still_starts_healthz_200_and_readyz_503(start_server):
