@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -148,6 +149,16 @@ def parse_payload(text: str) -> dict[str, Any]:
     return value
 
 
+def parse_count(text: str | None, option: str) -> int | None:
+    """A whole number written as one (``2``, not ``2.0``: the library and the HTTP API refuse
+    a float too); its range is the library's to check."""
+    if text is None:
+        return None
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", text):
+        raise typer.BadParameter(f"{text!r} is not a whole number", param_hint=f"'{option}'")
+    return int(text)
+
+
 def parse_time(text: str, option: str) -> datetime:
     """An ISO 8601 time that says its timezone (``Z`` or an offset)."""
     try:
@@ -269,8 +280,8 @@ def enqueue(
         ),
     ] = None,
     max_attempts: Annotated[
-        int | None,
-        typer.Option("--max-attempts", min=1, help="Attempts before dead-lettering (3)."),
+        str | None,
+        typer.Option("--max-attempts", metavar="N", help="Attempts before dead-lettering (3)."),
     ] = None,
 ) -> None:
     """Submit a task."""
@@ -292,7 +303,7 @@ def enqueue(
             idempotency_key=idempotency_key,
             run_at=when,
             delay=delay,
-            max_attempts=max_attempts,
+            max_attempts=parse_count(max_attempts, "--max-attempts"),
         )
     task = result.task
     pairs: list[tuple[str, object]] = [

@@ -637,6 +637,25 @@ def test_worker_exits_at_once_when_its_database_does_not_exist(
     assert not [e for e in worker.events() if e["event"] == "worker.database_unreachable"]
 
 
+def test_worker_warns_at_start_exactly_when_the_server_has_autovacuum_off(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """A queue table without vacuum grows and slows down: say so once, at start, and only
+    when it is true (the machine's shared server has it off, the embedded one on)."""
+    (setting,) = one(db, "SHOW autovacuum")
+    ids = enqueue(db, {"type": "noop"})
+    worker = workers.start(database_url, *FAST, "--log-format", "json", name="w")
+    wait_until(
+        lambda: all_in_status(db, ids, "completed"),
+        timeout=30,
+        what="a task to complete (the worker has started)",
+        workers=workers,
+        alive=[worker],
+    )
+    warned = [e for e in worker.events() if e["event"] == "worker.autovacuum_off"]
+    assert len(warned) == (1 if setting == "off" else 0), (setting, warned)
+
+
 # --- 6. a task longer than its lease ----------------------------------------------------------
 
 
