@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -96,29 +97,31 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii
 MAX_JSON_DEPTH = 100
 
 
-def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether JSON ``text`` nests objects and arrays deeper than ``limit``: brackets inside
-    strings are skipped. Cheap when there are few brackets (the usual payload)."""
-    if text.count("[") + text.count("{") <= limit:
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_PARENS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``raw`` nests objects and arrays deeper than ``limit``; brackets
+    inside strings do not count.
+
+    Free for a payload with fewer brackets than the limit (most). Otherwise, in C-speed string
+    operations: drop the strings (split on quotes; a regular expression if a quote is
+    escaped), keep the brackets, and strip innermost ``()`` pairs once per level."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
+    if b'\\"' in raw:
+        text = raw.decode("utf-8", "surrogatepass")
+        outside = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    else:
+        outside = b"".join(raw.split(b'"')[0::2])
+    nesting = outside.translate(_PARENS, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not nesting:
+            return False
+        nesting = nesting.replace(b"()", b"")
+    return bool(nesting)
 
 
 def encode_payload(payload: object, limit: int | None = None) -> str:
@@ -131,14 +134,15 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
         raise InvalidPayload(f"is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels") from None
-    if json_depth_exceeds(text):
-        raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        size = len(text.encode("utf-8"))
+        raw = text.encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate, which PostgreSQL would reject
         raise InvalidPayload(
             f"is not JSON-serialisable: contains a string that is not valid Unicode ({exc.reason})"
         ) from None
+    if json_depth_exceeds(raw):
+        raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels")
+    size = len(raw)
     limit = config.max_payload_bytes() if limit is None else limit
     if size > limit:
         raise PayloadTooLarge(size, limit)

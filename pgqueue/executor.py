@@ -144,7 +144,7 @@ def _encode_result(value: Any) -> Completed | Failed:
         return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
     except RecursionError:
         text = "[" * (MAX_JSON_DEPTH + 1)  # deeper than anything: refused just below
-    if text is not None and json_depth_exceeds(text):
+    if text is not None and json_depth_exceeds(text.encode("utf-8", "surrogatepass")):
         return Failed(f"handler returned a value nested deeper than {MAX_JSON_DEPTH} levels")
     return Completed(text)
 

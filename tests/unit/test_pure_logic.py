@@ -1,9 +1,11 @@
 """Pure logic: no database."""
 
 import asyncio
+import json
 import math
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -137,3 +139,42 @@ def test_a_forked_child_does_not_reuse_the_parents_entropy_for_task_ids():
 
 def _ids_in_a_child(n: int) -> list[str]:
     return [str(new_task_id()) for _ in range(n)]
+
+
+# --- JSON nesting depth ------------------------------------------------------------------------
+
+
+def _nested(levels: int) -> Any:
+    """A JSON value ``levels`` deep: objects inside objects around a number."""
+    value: Any = 1
+    for _ in range(levels):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "too_deep"),
+    [
+        pytest.param(_nested(100), False, id="exactly-the-limit"),
+        pytest.param(_nested(101), True, id="one-past-the-limit"),
+        pytest.param([_nested(99)], False, id="arrays-count-too"),
+        pytest.param([[_nested(99)]], True, id="arrays-count-too-past"),
+        pytest.param([[1]] * 300, False, id="many-brackets-shallow"),
+        pytest.param({"s": "[{" * 300}, False, id="brackets-in-strings"),
+        pytest.param({"s": "]]" * 60, "t": [_nested(99)]}, True, id="closing-brackets-in-strings"),
+        pytest.param({'k"[': '\\"]]]', "t": [_nested(99)]}, True, id="escaped-quotes"),
+        pytest.param({'k"[': '\\"]]]', "t": [_nested(98)]}, False, id="escaped-quotes-shallow"),
+    ],
+)
+def test_json_depth_counts_nesting_not_brackets_in_strings(value: Any, too_deep: bool) -> None:
+    from pgqueue.enqueue import json_depth_exceeds
+
+    raw = json.dumps(value, separators=(",", ":")).encode()
+    assert json_depth_exceeds(raw, limit=100) is too_deep
+
+
+def test_a_payload_nested_past_100_levels_is_invalid_and_so_is_one_past_recursion() -> None:
+    encode_payload(_nested(100))  # the outer object is level 1, so 99 inside it: accepted
+    for value in (_nested(101), _nested(5000)):
+        with pytest.raises(pgqueue.InvalidPayload, match="nests deeper than 100 levels"):
+            encode_payload(value)
