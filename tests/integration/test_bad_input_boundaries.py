@@ -32,17 +32,12 @@ table, ``DIR/bad-input-boundaries.md`` (docs/bad-input.md is made from it).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import date, datetime
@@ -53,11 +48,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 import psycopg
 import pytest
+from boundaries import Api, CliResult, Snapshot, code, run_main, shorten, snapshot, write_tables
 from psycopg.rows import dict_row
 
 import pgqueue
-from pgqueue import cli
-from pgqueue.api import ApiSettings, create_app
+from pgqueue.api import ApiSettings
 from pgqueue.formatting import clean
 
 REPORT_ENV = "PGQUEUE_BAD_INPUT_REPORT"
@@ -65,76 +60,6 @@ API_BODY_LIMIT = 16 * 1024
 PAYLOAD_LIMIT = 1024  # PGQUEUE_MAX_PAYLOAD_BYTES for the payload-size cases
 BOUNDARIES = ("library", "cli", "http")
 JSON_TYPE = {"Content-Type": "application/json"}
-
-
-# --- the three boundaries ------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class CliResult:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run_main(url: str, *args: str) -> CliResult:
-    """``pgqueue --database-url URL ARGS...`` through the real entry point, in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["pgqueue", "--database-url", url, *args]
-    code: Any = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = saved
-    return CliResult(int(code or 0), out.getvalue(), err.getvalue())
-
-
-class Api:
-    """``create_app(settings)`` through httpx's ASGI transport, on an event loop in a thread of
-    its own, with the application's lifespan entered (so its connection pool is open)."""
-
-    def __init__(self, settings: ApiSettings) -> None:
-        self.app = create_app(settings)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="asgi-test", daemon=True)
-        self.thread.start()
-        self.lifespan = self.app.router.lifespan_context(self.app)
-        try:
-            self.run(self.lifespan.__aenter__())
-        except BaseException:
-            self._stop_loop()
-            raise
-        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver")
-
-    def run(self, coro: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def start(self, method: str, url: str, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        """Send a request without waiting for the answer."""
-        return asyncio.run_coroutine_threadsafe(
-            self.client.request(method, url, **kwargs), self.loop
-        )
-
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        response: httpx.Response = self.start(method, url, **kwargs).result(60)
-        return response
-
-    def _stop_loop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
-
-    def close(self) -> None:
-        try:
-            self.run(self.client.aclose())
-            self.run(self.lifespan.__aexit__(None, None, None))
-        finally:
-            self._stop_loop()
 
 
 # --- the database: shared by the module, seeded with a task in every status ----------------------
@@ -184,16 +109,6 @@ def api(db_url: str, seeded: dict[str, uuid.UUID]) -> Iterator[Api]:
     server = Api(ApiSettings(database_url=db_url, max_body_bytes=API_BODY_LIMIT))
     yield server
     server.close()
-
-
-Snapshot = dict[uuid.UUID, dict[str, Any]]
-
-
-def snapshot(conn: psycopg.Connection[Any]) -> Snapshot:
-    """Every row of pgqueue.tasks, every column."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute("SELECT * FROM pgqueue.tasks").fetchall()
-    return {row["id"]: row for row in rows}
 
 
 def remove_new_rows(conn: psycopg.Connection[Any], before: Snapshot) -> None:
@@ -347,15 +262,6 @@ OVERSIZED_BODY = raw_body(b'{"s": "' + b"x" * (API_BODY_LIMIT - 34) + b'"}')
 assert len(OVERSIZED_BODY) == API_BODY_LIMIT + 1
 HUGE_INT = "1" * 5000  # past Python's 4300-digit limit for int <-> str
 
-BUG_LAX_INT = (
-    "BUG: SubmitTask.max_attempts is a lax int: the API coerces a JSON string, a float and "
-    "even true (stored as 1 attempt), where the library rejects them (and delay_seconds is "
-    "Strict)"
-)
-BUG_LAX_INT_CLI = (
-    "BUG: typer coerces --max-attempts 2.0 to 2 (but rejects 2.5); the library rejects the "
-    "float 2.0"
-)
 
 # fmt: off
 CASES: list[Case] = [
@@ -510,7 +416,6 @@ CASES: list[Case] = [
     Case(
         "max-attempts-float", "max_attempts", "max_attempts `2.0`", REJECT,
         **option("max_attempts", 2.0, "2.0", 2.0),
-        bugs={"cli": BUG_LAX_INT_CLI}, rule_bug=BUG_LAX_INT_CLI,
     ),
     Case(
         "max-attempts-fraction", "max_attempts", "max_attempts `2.5`", REJECT,
@@ -1075,21 +980,6 @@ def test_the_seeded_tasks_are_intact_at_the_end(
 # --- the table for docs/bad-input.md -------------------------------------------------------------
 
 
-def code(text: str) -> str:
-    """``text`` as a markdown code span, whatever backticks it holds."""
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
-
-
-def shorten(text: str, limit: int = 300) -> str:
-    """At most ``limit`` characters, closing a code span the cut left open."""
-    if len(text) <= limit:
-        return text
-    text = text[: limit - 3] + "..."
-    if text.count("``") % 2:
-        return text + " ``"
-    return text + "`" if text.replace("``", "").count("`") % 2 else text
-
-
 def _cell(text: str) -> str:
     text = clean(text).replace("|", "\\|")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -1110,23 +1000,12 @@ EXTRA_ROWS = [
 ]
 
 
-def write_report(path: Path) -> None:
+def report_rows() -> Iterator[tuple[str, list[str]]]:
     rows: list[tuple[str, str, str, Case | None]] = [(c.group, c.id, c.label, c) for c in CASES]
     rows += [(group, key, label, None) for group, key, label in EXTRA_ROWS]
-    lines: list[str] = []
-    current = None
     for group, key, label, case in rows:
         if not any((key, b) in OBSERVED for b in BOUNDARIES):
             continue
-        if group != current:
-            current = group
-            lines += [
-                "",
-                f"### {group}",
-                "",
-                "| input | library | CLI | HTTP |",
-                "|---|---|---|---|",
-            ]
         texts = []
         for boundary in BOUNDARIES:
             outcome = OBSERVED.get((key, boundary))
@@ -1141,8 +1020,11 @@ def write_report(path: Path) -> None:
                 texts.append(_cell(outcome.summary))
         if case and case.rule_bug:
             label += " **(boundaries disagree)**"
-        lines.append(f"| {_cell(label)} | " + " | ".join(texts) + " |")
-    path.write_text("\n".join(lines).lstrip() + "\n", encoding="utf-8")
+        yield group, [_cell(label), *texts]
+
+
+def write_report(path: Path) -> None:
+    write_tables(path, ["input", "library", "CLI", "HTTP"], report_rows())
 
 
 @pytest.fixture(scope="module", autouse=True)

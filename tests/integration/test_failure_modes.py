@@ -32,18 +32,14 @@ table, ``DIR/failure-modes.md`` (docs/bad-input.md is made from it).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
-import io
 import json
 import os
 import re
 import subprocess
 import sys
 import threading
-import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,18 +47,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
+from boundaries import Api, CliResult, Snapshot, code, run_main, shorten, snapshot, write_tables
+from processes import wait_until
 
 import pgqueue
-from pgqueue import cli, migrate
-from pgqueue.api import ApiSettings, create_app
+from pgqueue import migrate
+from pgqueue.api import ApiSettings
 
 REPORT_ENV = "PGQUEUE_BAD_INPUT_REPORT"
 FAKE_REVISION = "0000_fake_old"
 SECRET = "cr3t"  # part of every password below; must never be printed
+POLL = 0.005  # seconds between looks, waiting for a backend to reach the point it is killed at
 
 ROWS: list[tuple[str, str, str, str, str]] = []  # (group, situation, library, CLI, HTTP)
 
@@ -79,34 +76,6 @@ def bug(wrong: bool) -> str:
 # --- helpers -------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class CliResult:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def line(self) -> str:
-        lines = self.stderr.splitlines()
-        return lines[-1] if lines else ""
-
-
-def run_main(*args: str) -> CliResult:
-    """``pgqueue ARGS...`` through the real entry point, in this process."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = sys.argv
-    sys.argv = ["pgqueue", *args]
-    code: Any = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = saved
-    return CliResult(int(code or 0), out.getvalue(), err.getvalue())
-
-
 def one_line_error(result: CliResult, code: int = 1) -> str:
     """``result`` failed with ``code`` and said why in one line on stderr, nothing on stdout."""
     assert result.code == code, result
@@ -117,49 +86,6 @@ def one_line_error(result: CliResult, code: int = 1) -> str:
     return lines[0]
 
 
-class Api:
-    """``create_app(settings)`` through httpx's ASGI transport, on an event loop in a thread of
-    its own, with the application's lifespan entered (its startup raises here)."""
-
-    def __init__(self, settings: ApiSettings) -> None:
-        self.app = create_app(settings)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="asgi-test", daemon=True)
-        self.thread.start()
-        self.lifespan = self.app.router.lifespan_context(self.app)
-        try:
-            self.run(self.lifespan.__aenter__())
-        except BaseException:
-            self._stop_loop()
-            raise
-        transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver")
-
-    def run(self, coro: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def start(self, method: str, url: str, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(
-            self.client.request(method, url, **kwargs), self.loop
-        )
-
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        response: httpx.Response = self.start(method, url, **kwargs).result(60)
-        return response
-
-    def _stop_loop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
-
-    def close(self) -> None:
-        try:
-            self.run(self.client.aclose())
-            self.run(self.lifespan.__aexit__(None, None, None))
-        finally:
-            self._stop_loop()
-
-
 @contextlib.contextmanager
 def running_api(url: str) -> Iterator[Api]:
     api = Api(ApiSettings(database_url=url))
@@ -167,24 +93,6 @@ def running_api(url: str) -> Iterator[Api]:
         yield api
     finally:
         api.close()
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
-    return value
-
-
-Snapshot = dict[uuid.UUID, dict[str, Any]]
-
-
-def snapshot(conn: psycopg.Connection[Any]) -> Snapshot:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return {r["id"]: r for r in cur.execute("SELECT * FROM pgqueue.tasks").fetchall()}
 
 
 def schema_exists(conn: psycopg.Connection[Any]) -> bool:
@@ -318,7 +226,7 @@ def test_unknown_revision_every_cli_command_says_to_run_migrate(
 ) -> None:
     before = snapshot(behind)
     for flags in ([], ["--json"]):
-        line = one_line_error(run_main("--database-url", behind_url, *flags, *command))
+        line = one_line_error(run_main(behind_url, *flags, *command))
         assert "pgqueue migrate" in line and FAKE_REVISION in line, line
     assert snapshot(behind) == before
     if command[0] == "enqueue":
@@ -331,7 +239,7 @@ def test_unknown_revision_every_cli_command_says_to_run_migrate(
 
 
 def test_unknown_revision_migrate_check_exits_1(behind_url: str) -> None:
-    result = run_main("--database-url", behind_url, "--json", "migrate", "--check")
+    result = run_main(behind_url, "--json", "migrate", "--check")
 
     assert result.code == 1
     assert json.loads(result.stdout) == {
@@ -344,7 +252,7 @@ def test_unknown_revision_migrate_check_exits_1(behind_url: str) -> None:
 def test_unknown_revision_following_the_advice_to_migrate_works_or_says_what_to_do(
     behind: psycopg.Connection[Any], behind_url: str
 ) -> None:
-    result = run_main("--database-url", behind_url, "migrate")
+    result = run_main(behind_url, "migrate")
 
     version = behind.execute("SELECT version_num FROM pgqueue.pgqueue_alembic_version").fetchone()
     assert version == (FAKE_REVISION,)  # nothing was changed either way
@@ -431,7 +339,7 @@ def test_no_schema_every_cli_command_says_to_run_migrate(
     bare: psycopg.Connection[Any], bare_url: str, command: list[str]
 ) -> None:
     for flags in ([], ["--json"]):
-        line = one_line_error(run_main("--database-url", bare_url, *flags, *command))
+        line = one_line_error(run_main(bare_url, *flags, *command))
         assert "pgqueue migrate" in line, line
     if command[0] == "enqueue":
         record("no pgqueue schema", "every CLI command", "", f"exit 1: {code(line)}")
@@ -552,6 +460,7 @@ def terminate(admin: psycopg.Connection[Any], pids: list[int]) -> None:
         ),
         30,
         "the killed backends to exit",
+        interval=POLL,
     )
 
 
@@ -625,6 +534,7 @@ def kill_enqueue_many(url: str, admin: psycopg.Connection[Any], where: str) -> K
             lambda: backend_waiting(admin, pid, *event) or not thread.is_alive(),
             60,
             "the batch to stop at the held lock",
+            interval=POLL,
         )
         assert isinstance(waiting_in, str), out
         terminate(admin, [pid])
@@ -774,6 +684,7 @@ def kill_dlq_replay(url: str, admin: psycopg.Connection[Any]) -> Killed:
                 ),
                 60,
                 "the replay to reach the held dead letter",
+                interval=POLL,
             )
             assert proc.poll() is None, proc.communicate()
             terminate(admin, [pid[0]])
@@ -865,6 +776,7 @@ def test_api_post_killed_in_flight_is_503_writes_nothing_and_the_next_request_wo
             ],
             60,
             "the POST to wait for the held key",
+            interval=POLL,
         )  # fmt: skip
         terminate(admin, waiting)
         response = pending.result(60)
@@ -970,9 +882,7 @@ def test_a_malformed_database_url_is_refused_without_the_password(
         text = "".join(traceback.format_exception(info.value))
         URL_ROWS[(name, boundary)] = f"`InvalidDatabaseURL`: {info.value}"
     elif boundary == "cli":
-        results = [
-            run_main("--database-url", url, *flags, "enqueue", "t") for flags in ([], ["--json"])
-        ]
+        results = [run_main(url, *flags, "enqueue", "t") for flags in ([], ["--json"])]
         text = "".join(r.stderr + r.stdout for r in results)
         URL_ROWS[(name, boundary)] = f"exit {results[0].code}: {code(results[0].line)}"
         for result in results:
@@ -980,7 +890,7 @@ def test_a_malformed_database_url_is_refused_without_the_password(
     else:  # the server refuses to start: the app's startup, and `pgqueue serve`
         with pytest.raises(pgqueue.InvalidDatabaseURL) as info:
             Api(ApiSettings(database_url=url))
-        serve = run_main("--database-url", url, "serve", "--port", "1")
+        serve = run_main(url, "serve", "--port", "1")
         text = str(info.value) + serve.stderr + serve.stdout
         URL_ROWS[(name, boundary)] = (
             f"does not start: `InvalidDatabaseURL` at startup ({info.value}); `pgqueue serve` "
@@ -1008,9 +918,7 @@ def test_an_unreachable_database_is_database_unavailable_without_the_password(
         text = "".join(traceback.format_exception(info.value))
         URL_ROWS[(name, boundary)] = f"`DatabaseUnavailable`: {info.value}"
     else:
-        results = [
-            run_main("--database-url", url, *flags, "enqueue", "t") for flags in ([], ["--json"])
-        ]
+        results = [run_main(url, *flags, "enqueue", "t") for flags in ([], ["--json"])]
         text = "".join(r.stderr + r.stdout for r in results)
         URL_ROWS[(name, boundary)] = f"exit {results[0].code}: {code(results[0].line)}"
         for result in results:
@@ -1021,21 +929,6 @@ def test_an_unreachable_database_is_database_unavailable_without_the_password(
 
 
 # --- the table for docs/bad-input.md -------------------------------------------------------------
-
-
-def code(text: str) -> str:
-    """``text`` as a markdown code span, whatever backticks it holds."""
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
-
-
-def shorten(text: str, limit: int = 300) -> str:
-    """At most ``limit`` characters, closing a code span the cut left open."""
-    if len(text) <= limit:
-        return text
-    text = text[: limit - 3] + "..."
-    if text.count("``") % 2:
-        return text + " ``"
-    return text + "`" if text.replace("``", "").count("`") % 2 else text
 
 
 def _cell(text: str) -> str:
@@ -1062,21 +955,8 @@ def report() -> Iterator[None]:
             )
             rows.append((group, f"{name}: `{url}`", URL_ROWS.get((name, "library"), ""),
                          URL_ROWS.get((name, "cli"), ""), http))  # fmt: skip
-    lines: list[str] = []
-    current = None
-    for group, situation, library, cli_text, http in rows:
-        if group != current:
-            current = group
-            lines += [
-                "",
-                f"### {group}",
-                "",
-                "| situation | library | CLI | HTTP |",
-                "|---|---|---|---|",
-            ]
-        cells = [_cell(c) if c else "-" for c in (library, cli_text, http)]
-        lines.append(f"| {_cell(situation)} | " + " | ".join(cells) + " |")
-    Path(target).mkdir(parents=True, exist_ok=True)
-    (Path(target) / "failure-modes.md").write_text(
-        "\n".join(lines).lstrip() + "\n", encoding="utf-8"
-    )
+    table = [
+        (group, [_cell(situation), *(_cell(c) if c else "-" for c in (library, cli_text, http))])
+        for group, situation, library, cli_text, http in rows
+    ]
+    write_tables(Path(target) / "failure-modes.md", ["situation", "library", "CLI", "HTTP"], table)

@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ import psycopg
 import pytest
 from helpers import make_dead_letters
 from private_server import find_bindir, private_server
+from processes import BOOM_HANDLER, NOOP_HANDLERS, Worker, one_line_error, run_cli, wait_until
 from psycopg import sql
 from typer.testing import CliRunner
 
@@ -122,23 +120,6 @@ def ok(url: str, *args: str) -> str:
     return str(result.stdout)
 
 
-def run_cli(url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", "--database-url", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    return lines[0]
-
-
 @pytest.fixture
 def app_role(make_roles: Roles, database_url: str) -> str:
     """A LOGIN role granted with ``pgqueue grant``, run as the schema's owner."""
@@ -226,14 +207,6 @@ def analyze_count(admin: psycopg.Connection[Any]) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -471,21 +444,10 @@ def test_the_app_role_runs_the_operator_commands(app_url, app_conn):
     assert json.loads(ok(app_url, "--json", "migrate", "--check"))["up_to_date"] is True
 
 
-HANDLERS = """
-import pgqueue
-
-tasks = pgqueue.TaskRegistry()
-
-
-@tasks.handler("noop")
-def noop(payload, ctx):
-    return None
-
-
-@tasks.handler("boom", max_attempts=1)
-def boom(payload, ctx):
-    raise RuntimeError("boom")
-
+HANDLERS = (
+    NOOP_HANDLERS
+    + BOOM_HANDLER
+    + """
 
 @tasks.handler("in_tx")
 def in_tx(payload, ctx):
@@ -500,6 +462,7 @@ async def in_tx_async(payload, ctx):
     cur = await conn.execute("SELECT current_user")
     return {"user": (await cur.fetchone())[0]}
 """
+)
 
 
 @pytest.mark.slow
@@ -520,24 +483,18 @@ def test_a_worker_process_as_the_app_role_drains_sweeps_and_reports_analyze_once
     before = analyze_count(conn)
     (tmp_path / "lp_handlers.py").write_text(HANDLERS)
     log = tmp_path / "worker.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env["PGQUEUE_DATABASE_URL"] = app_url
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "pgqueue", "worker", "lp_handlers:tasks"),
-                *("--queue", "default", "--queue", "orphans", "--concurrency", "50"),
-                *("--sweep-interval", "0.2", "--log-format", "json", "--lease-seconds", "5"),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+    worker = Worker(
+        app_url,
+        tmp_path,
+        "lp_handlers:tasks",
+        *("--queue", "default", "--queue", "orphans", "--concurrency", "50"),
+        *("--sweep-interval", "0.2", "--log-format", "json", "--lease-seconds", "5"),
+        log=log,
+    )
     try:
 
         def settled() -> bool:
-            assert proc.poll() is None, log.read_text()
+            worker.alive()
             (left,) = conn.execute(
                 "SELECT count(*) FROM pgqueue.tasks WHERE status IN ('queued', 'running')"
             ).fetchone()
@@ -546,8 +503,7 @@ def test_a_worker_process_as_the_app_role_drains_sweeps_and_reports_analyze_once
         wait_until(settled, 60, "the worker to settle every task")
         time.sleep(1.0)  # a few more maintenance rounds (every 0.2 s) with stale statistics
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
+        code = worker.stop()
     text = log.read_text()
     events = [json.loads(line) for line in text.splitlines() if line.strip()]
     names = [e["event"] for e in events]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,58 +27,25 @@ from urllib.parse import quote
 import httpx
 import psycopg
 import pytest
+from processes import BOOM_HANDLER, NOOP_HANDLERS, Worker, clean_env, run_cli, wait_until
 
 import pgqueue
+from bench.private_postgres import free_port
 
 TOKEN = f"tok-Right-{uuid.uuid4().hex[:12]}"
 WRONG_TOKEN = f"tok-Wrong-{uuid.uuid4().hex[:12]}"
 MADE_UP_PASSWORD = f"pw-S3cret-{uuid.uuid4().hex[:12]}"
 TASK_ID = "01a22f0d-98c9-7000-8728-d80607a4f6ca"
 
-HANDLERS = """
-import pgqueue
-
-tasks = pgqueue.TaskRegistry()
-
-
-@tasks.handler("noop")
-def noop(payload, ctx):
-    return None
-
-
-@tasks.handler("boom", max_attempts=1)
-def boom(payload, ctx):
-    raise RuntimeError("boom")
-"""
+HANDLERS = NOOP_HANDLERS + BOOM_HANDLER
 
 
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def leaked(text: str, *secrets: str) -> list[str]:
     """The secrets (or their URL-encoded spellings) that appear in ``text``."""
     return [s for s in secrets if s in text or quote(s, safe="") in text]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -345,13 +310,7 @@ def test_no_command_error_shows_the_password(cli_runs, secret, case):
 def test_the_migrate_success_line_hides_the_password(database_url, server_url, secret, proxy):
     url = proxied_url(proxy, server_url, database_url, secret)
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "pgqueue", "--database-url", url, "migrate"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=clean_env(),
-    )
+    proc = run_cli(url, "migrate")
 
     assert proc.returncode == 0, proc.stderr
     assert "pgqueue schema at" in proc.stdout
@@ -373,39 +332,16 @@ def test_library_errors_hide_the_password(unreachable_url, secret):
 # --- worker logs ---------------------------------------------------------------------------------
 
 
-class Worker:
-    """``pgqueue worker`` in a subprocess, its stderr (the log) in a file."""
-
-    def __init__(self, url: str, cwd: Path, log_format: str, *options: str) -> None:
-        self.log = cwd / f"worker-{log_format}-{uuid.uuid4().hex[:6]}.log"
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "pgqueue", "worker", "leak_handlers:tasks"),
-                    *("--log-format", log_format, "--log-level", "DEBUG"),
-                    *("--poll-interval", "0.2", "--sweep-interval", "0.2", *options),
-                ],
-                cwd=cwd,
-                env=clean_env(PGQUEUE_DATABASE_URL=url),
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        assert self.proc.poll() is None, self.text()
-        return True
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(timeout=30)
+def leak_worker(url: str, cwd: Path, log_format: str, *options: str) -> Worker:
+    """``pgqueue worker`` with the handlers above, logging everything in ``log_format``."""
+    return Worker(
+        url,
+        cwd,
+        "leak_handlers:tasks",
+        *("--log-format", log_format, "--log-level", "DEBUG"),
+        *("--poll-interval", "0.2", "--sweep-interval", "0.2", *options),
+        log=cwd / f"worker-{log_format}-{uuid.uuid4().hex[:6]}.log",
+    )
 
 
 @pytest.mark.slow
@@ -458,7 +394,7 @@ def test_worker_logs_in_text_and_json_hide_the_password_through_an_outage(
     database_url, server_url, secret, proxy, conn, handlers_dir
 ):
     url = proxied_url(proxy, server_url, database_url, secret)
-    workers = {fmt: Worker(url, handlers_dir, fmt, "--queue", fmt) for fmt in ("text", "json")}
+    workers = {fmt: leak_worker(url, handlers_dir, fmt, "--queue", fmt) for fmt in ("text", "json")}
 
     def settled(queue: str, count: int) -> Callable[[], bool]:
         def check() -> bool:
@@ -512,7 +448,7 @@ def test_worker_processes_of_a_supervisor_do_not_get_the_password_on_their_comma
     url = proxied_url(proxy, server_url, database_url, secret)
     # The password is only in the environment, which other users cannot read; the command
     # line of every process is public (ps, /proc/PID/cmdline).
-    worker = Worker(url, handlers_dir, "json", "--processes", "2")
+    worker = leak_worker(url, handlers_dir, "json", "--processes", "2")
     try:
 
         def children() -> list[int]:

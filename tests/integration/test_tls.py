@@ -15,14 +15,11 @@ first test needs no TLS server at all: it asks a server without TLS for it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from private_server import Server, find_bindir, private_server
+from processes import NOOP_HANDLERS, Worker, one_line_error, run_cli, wait_until
 from psycopg import sql
 
 import pgqueue
@@ -38,44 +36,6 @@ from pgqueue import migrate, roles
 PASSWORD = f"tls-pw-{uuid.uuid4().hex[:10]}"
 ROLE = "pgqueue_tls_app"
 DATABASE = "pgqueue_tls"
-
-HANDLERS = """
-import pgqueue
-
-tasks = pgqueue.TaskRegistry()
-
-
-@tasks.handler("noop")
-def noop(payload, ctx):
-    return None
-"""
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def run_cli(url: str, *args: str, cwd: Path | None = None, timeout: float = 60) -> Any:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "pgqueue", "--database-url", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    return lines[0]
 
 
 # --- without a TLS server ------------------------------------------------------------------------
@@ -248,27 +208,21 @@ def test_verify_full_without_the_right_root_certificate_is_a_clear_error(tls, tm
 
 @pytest.mark.slow
 def test_a_worker_with_sslmode_require_uses_encrypted_connections_only(tls, tmp_path):
-    (tmp_path / "tls_handlers.py").write_text(HANDLERS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
-    env["PGQUEUE_DATABASE_URL"] = tls.url("require")
+    (tmp_path / "tls_handlers.py").write_text(NOOP_HANDLERS)
     log = tmp_path / "worker.log"
     with tls.admin() as admin:
         ids = [r.id for r in pgqueue.enqueue_many(admin, [{"type": "noop"}] * 20)]
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "pgqueue", "worker", "tls_handlers:tasks"),
-                    *("--log-format", "json", "--sweep-interval", "0.2"),
-                ],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+        worker = Worker(
+            tls.url("require"),
+            tmp_path,
+            "tls_handlers:tasks",
+            *("--log-format", "json", "--sweep-interval", "0.2"),
+            log=log,
+        )
         try:
 
             def done() -> bool:
-                assert proc.poll() is None, log.read_text()
+                worker.alive()
                 return all(pgqueue.get_task(admin, i).status.value == "completed" for i in ids)
 
             wait_until(done, 30, "the worker to complete the tasks")
@@ -278,8 +232,7 @@ def test_a_worker_with_sslmode_require_uses_encrypted_connections_only(tls, tmp_
                 (ROLE,),
             ).fetchall()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=30)
+            code = worker.stop()
 
     assert code == 0, log.read_text()
     # The pool (2 at least) and the LISTEN connection, every one of them encrypted.
@@ -293,7 +246,7 @@ def test_a_worker_with_sslmode_require_uses_encrypted_connections_only(tls, tmp_
 @pytest.mark.slow
 def test_a_worker_with_a_wrong_root_certificate_fails_at_once_naming_the_certificate(tls, tmp_path):
     # Waiting cannot cure a certificate that does not verify, any more than a wrong password.
-    (tmp_path / "tls_handlers.py").write_text(HANDLERS)
+    (tmp_path / "tls_handlers.py").write_text(NOOP_HANDLERS)
     url = tls.url("verify-full", sslrootcert=str(tls.certs.other_ca))
     started = time.monotonic()
 
