@@ -128,6 +128,8 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
     """The payload as JSON text, or a specific InvalidPayload saying why it cannot be stored."""
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"must be a JSON object (a dict), not {type(payload).__name__}")
+    if not isinstance(payload, dict):  # any Mapping will do; the encoder only knows dict
+        payload = dict(payload)
     try:
         text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
@@ -181,14 +183,17 @@ def prepare(
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise ValidationError("run_at", "must be timezone-aware (e.g. datetime.now(UTC))")
         try:
-            run_at.astimezone(UTC)
+            # In UTC from here on: an offset with seconds and microseconds is valid Python
+            # but not a time zone PostgreSQL's text input accepts.
+            run_at = run_at.astimezone(UTC)
         except OverflowError:
             raise ValidationError("run_at", "is outside the years 1 to 9999 in UTC") from None
     delay_seconds = 0.0
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, int | float):
             raise ValidationError("delay", f"must be a number of seconds, not {delay!r}")
-        if not math.isfinite(delay) or delay < 0:
+        # A float that is not finite; an int beyond any float (math.isfinite would overflow).
+        if (isinstance(delay, float) and not math.isfinite(delay)) or delay < 0:
             raise ValidationError("delay", f"must be a finite number of seconds >= 0, not {delay}")
         if delay > MAX_DELAY_SECONDS:
             raise ValidationError("delay", f"must be at most {MAX_DELAY_SECONDS} s (10 years)")

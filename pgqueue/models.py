@@ -17,6 +17,7 @@ from pgqueue.errors import InvalidPriority, ValidationError
 
 MAX_ATTEMPTS = 1_000_000
 MAX_BACKOFF_SECONDS = 365 * 24 * 3600.0
+MIN_BACKOFF_SECONDS = 1e-6  # smaller but non-zero would underflow the real columns
 
 
 class TaskStatus(enum.StrEnum):
@@ -56,8 +57,12 @@ class Priority(enum.IntEnum):
         if isinstance(value, Priority):
             return value
         if isinstance(value, str):
+            name = value.strip()
+            # Only the names themselves: a dotless i (U+0131) upper-cases to "I".
+            if not name.isascii():
+                raise InvalidPriority(value)
             try:
-                return cls[value.strip().upper()]
+                return cls[name.upper()]
             except KeyError:
                 raise InvalidPriority(value) from None
         if isinstance(value, int) and not isinstance(value, bool):
@@ -101,8 +106,14 @@ class RetryPolicy:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValidationError(name, f"must be a number, not {value!r}")
-            if not (math.isfinite(value) and low <= value <= high):
+            if isinstance(value, float) and not math.isfinite(value):
                 raise ValidationError(name, f"must be from {low:g} to {high:g}, not {value}")
+            if not low <= value <= high:
+                raise ValidationError(name, f"must be from {low:g} to {high:g}, not {value}")
+            if 0 < value < MIN_BACKOFF_SECONDS:  # stored as real: would underflow to an error
+                raise ValidationError(
+                    name, f"must be 0 or at least {MIN_BACKOFF_SECONDS:g}, not {value}"
+                )
 
     def max_delay(self, attempt: int) -> float:
         """The longest wait after failed attempt number ``attempt`` (1-based)."""

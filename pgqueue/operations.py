@@ -72,7 +72,7 @@ def check_seconds(
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or (isinstance(value, float) and not math.isfinite(value))
         or value < 0
         or (value == 0 and not zero_ok)
         or value > maximum
