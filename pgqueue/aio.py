@@ -13,12 +13,13 @@ from datetime import datetime
 from typing import Any
 
 from pgqueue import queries
-from pgqueue.enqueue import prepare
+from pgqueue.enqueue import check_name, prepare
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
     FailResult,
     Lease,
+    QueueState,
     QueueStats,
     QueueThroughput,
     RetryPolicy,
@@ -115,6 +116,21 @@ async def discard(
 
 async def queue_stats(conn: Any) -> list[QueueStats]:
     return await arun(conn, queries.queue_depth())
+
+
+async def pause_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+    """See :func:`pgqueue.pause_queue`."""
+    return await arun(conn, queries.queue_pause(check_name("queue", queue), now))
+
+
+async def resume_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+    """See :func:`pgqueue.resume_queue`."""
+    return await arun(conn, queries.queue_resume(check_name("queue", queue), now))
+
+
+async def list_queues(conn: Any) -> list[QueueState]:
+    """See :func:`pgqueue.list_queues`."""
+    return await arun(conn, queries.queue_list())
 
 
 async def throughput(

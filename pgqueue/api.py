@@ -217,6 +217,13 @@ class ThroughputRow(BaseModel):
     failed: int
 
 
+class QueueOut(BaseModel):
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    updated_at: datetime | None
+
+
 class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
@@ -746,6 +753,28 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         async with state.connection() as conn:
             ids = await aio.discard(conn, type=body.type, queue=body.queue, limit=body.limit)
         return BulkOut(count=len(ids), task_ids=ids)
+
+    @api.get("/queues", response_model=list[QueueOut], responses=_responses(*COMMON))
+    async def list_queues() -> list[QueueOut]:
+        """Queues with unfinished tasks or a setting, and whether each is paused."""
+        async with state.connection() as conn:
+            states = await aio.list_queues(conn)
+        return [QueueOut(**dataclasses.asdict(q)) for q in states]
+
+    @api.post("/queues/{name}/pause", response_model=QueueOut, responses=_responses(*COMMON))
+    async def pause_queue(name: str) -> QueueOut:
+        """Stop every worker from claiming this queue's tasks until it is resumed (running
+        tasks finish; submitting still works; it stays paused across restarts)."""
+        async with state.connection() as conn:
+            paused = await aio.pause_queue(conn, name)
+        return QueueOut(**dataclasses.asdict(paused))
+
+    @api.post("/queues/{name}/resume", response_model=QueueOut, responses=_responses(*COMMON))
+    async def resume_queue(name: str) -> QueueOut:
+        """Let workers claim this queue's tasks again; idle workers are woken at once."""
+        async with state.connection() as conn:
+            resumed = await aio.resume_queue(conn, name)
+        return QueueOut(**dataclasses.asdict(resumed))
 
     @api.get("/stats", response_model=StatsOut, responses=_responses(*COMMON))
     async def stats(

@@ -28,7 +28,7 @@ from pgqueue.client import Client
 from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, redact, resolve_database_url
 from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound, ValidationError
 from pgqueue.formatting import MISSING, age, headline, key_values, table, timestamp
-from pgqueue.models import Priority, Task, TaskStatus
+from pgqueue.models import Priority, QueueState, Task, TaskStatus
 
 app = typer.Typer(
     help="pgqueue: a job queue that lives in PostgreSQL.",
@@ -41,6 +41,11 @@ dlq_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(dlq_app, name="dlq")
+queue_app = typer.Typer(
+    help="Queues: pause and resume claiming, across every worker (settings live in the database).",
+    no_args_is_help=True,
+)
+app.add_typer(queue_app, name="queue")
 
 
 class State:
@@ -414,6 +419,57 @@ def stats(
 
 
 # --- the dead-letter queue ---------------------------------------------------------------------
+
+
+QueueNameArg = Annotated[str, typer.Argument(metavar="QUEUE", help="The queue's name.")]
+
+
+def _queue_line(state: QueueState) -> str:
+    if state.paused:
+        return f"queue {state.name!r} is paused (since {timestamp(state.paused_at)})"
+    return f"queue {state.name!r} is running"
+
+
+@queue_app.command("pause")
+def queue_pause(name: QueueNameArg) -> None:
+    """Stop every worker from claiming this queue's tasks until it is resumed. Running tasks
+    finish; submitting still works; it stays paused across restarts."""
+    with connection() as conn:
+        state = ops.pause_queue(conn, name)
+    emit(state_dict(state), _queue_line(state) + ": workers claim none of its tasks")
+
+
+@queue_app.command("resume")
+def queue_resume(name: QueueNameArg) -> None:
+    """Let workers claim this queue's tasks again (idle workers are woken at once)."""
+    with connection() as conn:
+        state = ops.resume_queue(conn, name)
+    emit(state_dict(state), _queue_line(state))
+
+
+@queue_app.command("list")
+def queue_list() -> None:
+    """Queues with unfinished tasks or a setting, and whether each is paused."""
+    with connection() as conn:
+        states = ops.list_queues(conn)
+    human = (
+        table(
+            ["QUEUE", "STATE", "PAUSED SINCE"],
+            [[q.name, "paused" if q.paused else "running", q.paused_at] for q in states],
+        )
+        if states
+        else "no queues"
+    )
+    emit([state_dict(q) for q in states], human)
+
+
+def state_dict(state: QueueState) -> dict[str, object]:
+    return {
+        "name": state.name,
+        "paused": state.paused,
+        "paused_at": state.paused_at.isoformat() if state.paused_at else None,
+        "updated_at": state.updated_at.isoformat() if state.updated_at else None,
+    }
 
 
 @dlq_app.command("list")

@@ -277,6 +277,16 @@ class QueueStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueState:
+    """A queue's settings: ``paused`` queues are skipped by every worker's claim."""
+
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    updated_at: datetime | None  # None: the queue has never had a setting
+
+
+@dataclasses.dataclass(frozen=True)
 class QueueThroughput:
     """Tasks of one queue that finished within a time window: completed and dead-lettered."""
 

@@ -21,6 +21,7 @@ from pgqueue.models import (
     EnqueueResult,
     FailResult,
     Lease,
+    QueueState,
     QueueStats,
     QueueThroughput,
     RetryPolicy,
@@ -258,6 +259,23 @@ def discard(
 def queue_stats(conn: Any) -> list[QueueStats]:
     """Depth per queue, priority and status, with the age of the oldest ready task."""
     return run(conn, queries.queue_depth())
+
+
+def pause_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+    """Stop every worker from claiming tasks of ``queue`` (from their next claim: within a
+    poll interval, across processes and hosts) until it is resumed; it stays paused across
+    restarts. Tasks already running finish. Submitting to a paused queue still works."""
+    return run(conn, queries.queue_pause(check_name("queue", queue), now))
+
+
+def resume_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+    """Let workers claim from ``queue`` again; idle workers are woken when you commit."""
+    return run(conn, queries.queue_resume(check_name("queue", queue), now))
+
+
+def list_queues(conn: Any) -> list[QueueState]:
+    """Queues with unfinished tasks or a setting, and whether each is paused."""
+    return run(conn, queries.queue_list())
 
 
 def throughput(

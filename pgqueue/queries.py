@@ -30,6 +30,7 @@ from pgqueue.models import (
     FailResult,
     Lease,
     Priority,
+    QueueState,
     QueueStats,
     QueueThroughput,
     RetryPolicy,
@@ -607,6 +608,23 @@ def task_prune(
 def queue_depth() -> Op[list[QueueStats]]:
     rows = yield Query("queue_depth", {})
     return [QueueStats(**r) for r in rows]
+
+
+def queue_pause(name: str, now: datetime | None = None) -> Op[QueueState]:
+    rows = yield Query("queue_pause", {"name": name, "now": now})
+    return QueueState(**rows[0])
+
+
+def queue_resume(name: str, now: datetime | None = None) -> Op[QueueState]:
+    rows = yield Query("queue_resume", {"name": name, "now": now})
+    row = dict(rows[0])
+    row.pop("notified")
+    return QueueState(**row)
+
+
+def queue_list() -> Op[list[QueueState]]:
+    rows = yield Query("queue_list", {})
+    return [QueueState(**r) for r in rows]
 
 
 def queue_throughput(

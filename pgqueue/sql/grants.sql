@@ -24,6 +24,10 @@ GRANT USAGE ON SCHEMA pgqueue TO :"app_role";
 -- retention pruning. Not TRUNCATE, REFERENCES or TRIGGER.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
 
+-- Per-queue settings. SELECT: every claim checks whether its queues are paused. INSERT and
+-- UPDATE: pausing and resuming (`pgqueue queue pause`, the API), an upsert. Not DELETE.
+GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.queues TO :"app_role";
+
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks

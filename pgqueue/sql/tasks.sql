@@ -97,8 +97,9 @@ SELECT * FROM pgqueue.tasks
 -- doing it in a CTE stops the planner from updating more rows than LIMIT. Each queue is read
 -- by its own LATERAL walk of the claim index, whose order is (queue, priority, created_at):
 -- `queue = ANY(...)` would instead read and sort the whole backlog on every claim (27 ms at
--- 60,000 tasks, growing with the backlog). The few rows per queue are then merged. Each claim
--- counts an attempt and issues a fresh lease token, so a previous holder's writes are fenced.
+-- 60,000 tasks, growing with the backlog). The few rows per queue are then merged. A paused
+-- queue (pgqueue.queues, one primary-key probe per queue) is skipped. Each claim counts an
+-- attempt and issues a fresh lease token, so a previous holder's writes are fenced.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 next AS (
     SELECT c.id
@@ -110,6 +111,7 @@ next AS (
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED
            ) AS c
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
      ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 )
@@ -298,6 +300,38 @@ doomed AS (
 )
 DELETE FROM pgqueue.tasks AS t USING doomed WHERE t.id = doomed.id
 RETURNING t.id;
+
+-- name: queue_pause
+-- Pause a queue: claims skip it from the next one on, in every worker process and host, and
+-- it stays paused across restarts. Tasks already running finish. Pausing twice keeps the
+-- first paused_at.
+INSERT INTO pgqueue.queues AS q (name, paused, paused_at, updated_at)
+VALUES (%(name)s, true, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO UPDATE
+   SET paused = true,
+       paused_at = coalesce(q.paused_at, excluded.paused_at),
+       updated_at = excluded.updated_at
+RETURNING name, paused, paused_at, updated_at;
+
+-- name: queue_resume
+-- Resume a queue and wake idle workers at once (on commit), instead of at their next poll.
+WITH resumed AS (
+    INSERT INTO pgqueue.queues AS q (name, paused, paused_at, updated_at)
+    VALUES (%(name)s, false, NULL, coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (name) DO UPDATE
+       SET paused = false, paused_at = NULL, updated_at = excluded.updated_at
+    RETURNING name, paused, paused_at, updated_at
+)
+SELECT resumed.*, pg_notify('pgqueue', resumed.name) IS NULL AS notified FROM resumed;
+
+-- name: queue_list
+-- Every queue with unfinished tasks or a setting, and whether it is paused. Finished tasks
+-- are left out: reading them all would scan the whole table (the backlog has indexes).
+SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at
+  FROM (SELECT DISTINCT queue AS name FROM pgqueue.tasks WHERE status IN ('queued', 'running')
+        UNION SELECT name FROM pgqueue.queues) AS n
+  LEFT JOIN pgqueue.queues AS q USING (name)
+ ORDER BY n.name;
 
 -- name: queue_depth
 SELECT queue, priority, status, tasks, ready, scheduled,

@@ -287,6 +287,48 @@ def test_two_worker_processes_drain_5000_tasks_each_once_with_high_before_low(
     )
 
 
+@pytest.mark.slow
+def test_a_paused_queue_is_skipped_by_every_worker_process_and_across_a_restart(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """Pausing is a row in the database, not worker state: two supervised processes skip the
+    paused queue while they drain another, new processes still skip it, and a resume lets
+    them drain it (woken by NOTIFY, not after their poll interval)."""
+    pgqueue.pause_queue(db, "paused")
+    held = enqueue(db, *({"type": "noop", "queue": "paused"} for _ in range(20)))
+    options = ("--queue", "paused", "--queue", "open", "--processes", "2", *FAST)
+    supervisor = workers.start(database_url, *options, "--poll-interval", "30", name="first")
+
+    for round_ in ("before the restart", "after the restart"):
+        # A task of the open queue enqueued now completes only after a claim that saw the pause.
+        probe = enqueue(db, *({"type": "noop", "queue": "open"} for _ in range(20)))
+        wait_until(
+            lambda p=probe: all_in_status(db, p, "completed"),
+            timeout=60,
+            what=f"the open queue's tasks to complete {round_}",
+            workers=workers,
+            alive=[supervisor],
+        )
+        assert all_in_status(db, held, "queued"), f"a paused task was claimed {round_}"
+        assert count(db, "SELECT count(*) FROM executions WHERE task_id = ANY(%s)", (held,)) == 0
+        if round_ == "before the restart":
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            wait_for_exit(supervisor, timeout=20)
+            supervisor = workers.start(database_url, *options, "--poll-interval", "30", name="new")
+
+    resumed_at = time.monotonic()
+    pgqueue.resume_queue(db, "paused")
+    wait_until(
+        lambda: all_in_status(db, held, "completed"),
+        timeout=20,
+        what="the resumed queue's tasks to complete",
+        workers=workers,
+        alive=[supervisor],
+    )
+    # With a 30 s poll interval, only the resume's NOTIFY can have woken them this soon.
+    assert time.monotonic() - resumed_at < 15
+
+
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------
 
 

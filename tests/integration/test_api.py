@@ -1060,6 +1060,9 @@ PROTECTED = [
     ("DELETE", "/api/v1/dead-letters/{task_id}", "dead2", None, 200),
     ("POST", "/api/v1/dead-letters/discard", None, {"type": "none-such"}, 200),
     ("GET", "/api/v1/stats", None, None, 200),
+    ("GET", "/api/v1/queues", None, None, 200),
+    ("POST", "/api/v1/queues/{name}/pause", None, None, 200),
+    ("POST", "/api/v1/queues/{name}/resume", None, None, 200),
     ("GET", "/metrics", None, None, 200),
 ]
 
@@ -1074,7 +1077,7 @@ def call_protected(client: httpx.Client, ids: dict[str, uuid.UUID], **options: A
     """Call every protected endpoint once; no response may show a token."""
     responses = []
     for method, route, which, body, _ in PROTECTED:
-        path = route.format(task_id=ids[which]) if which else route
+        path = route.format(task_id=ids[which] if which else None, name="auth-queue")
         response = client.request(method, path, json=body, **options)
         for token in (TOKEN, OTHER_TOKEN):
             assert token not in response.text and token not in str(response.headers)
@@ -1443,6 +1446,9 @@ def test_openapi_lists_every_path_and_the_documented_status_codes(shared_client)
         "/api/v1/dead-letters/{task_id}",
         "/api/v1/dead-letters/discard",
         "/api/v1/stats",
+        "/api/v1/queues",
+        "/api/v1/queues/{name}/pause",
+        "/api/v1/queues/{name}/resume",
     }
     assert {"200", "202", "400", "401", "413", "422", "503"} <= set(
         paths["/api/v1/tasks"]["post"]["responses"]

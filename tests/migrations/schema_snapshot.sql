@@ -6,13 +6,24 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0001_tasks
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0002_queues
 
 CREATE TABLE pgqueue.pgqueue_alembic_version (
     version_num character varying(32) NOT NULL
 );
 ALTER TABLE pgqueue.pgqueue_alembic_version ADD CONSTRAINT pgqueue_alembic_version_pkc PRIMARY KEY (version_num);
 CREATE UNIQUE INDEX pgqueue_alembic_version_pkc ON pgqueue.pgqueue_alembic_version USING btree (version_num);
+
+CREATE TABLE pgqueue.queues (
+    name text NOT NULL,
+    paused boolean NOT NULL DEFAULT false,
+    paused_at timestamp with time zone,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
+ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_paused_at_check CHECK ((paused = (paused_at IS NOT NULL)));
+ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+CREATE UNIQUE INDEX queues_pkey ON pgqueue.queues USING btree (name);
 
 CREATE TABLE pgqueue.tasks (
     id uuid NOT NULL DEFAULT gen_random_uuid(),
