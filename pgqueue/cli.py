@@ -871,6 +871,13 @@ def worker(
     dead_retention: Annotated[float, typer.Option(min=1, help="Seconds to keep dead letters.")] = 14
     * 24
     * 3600.0,
+    promote_after: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Starvation policy: a task waiting this long moves up one priority (0: never).",
+        ),
+    ] = 300.0,
     log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
@@ -900,6 +907,7 @@ def worker(
             ("--startup-timeout", startup_timeout),
             ("--completed-retention", completed_retention),
             ("--dead-retention", dead_retention),
+            ("--promote-after", promote_after),
             ("--log-format", log_format),
             ("--log-level", log_level),
         ):
@@ -922,6 +930,7 @@ def worker(
             sweep_interval=sweep_interval,
             completed_retention=completed_retention,
             dead_retention=dead_retention,
+            promote_after=promote_after,
         ),
     )
     Worker(tasks, url, config).run()

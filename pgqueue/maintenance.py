@@ -28,12 +28,17 @@ from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTI
 # After ANALYZE was refused (see Maintenance.analyze_once), try again this much later: a DBA
 # may have granted MAINTAIN meanwhile.
 ANALYZE_RETRY_SECONDS = 600.0
+# The starvation policy's period: long enough that priorities mean something under a normal
+# backlog, short enough that a low task is not left behind a steady high stream for long (it
+# is high after two periods, then ahead of every newer high task).
+DEFAULT_PROMOTE_AFTER = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
 class MaintenanceConfig:
     """Defaults: sweep every 5 s, prune every 60 s, keep completed and cancelled tasks 24 h
-    and dead letters 14 days.
+    and dead letters 14 days, and move a task that has waited 5 minutes up one priority
+    (``promote_after``; 0 turns the starvation policy off: strict priority).
 
     A prune round deletes batches of ``batch_size`` (each its own short transaction) until one
     comes back short, up to ``max_batches``: 500,000 rows a round, so a single worker keeps up
@@ -47,8 +52,11 @@ class MaintenanceConfig:
     dead_retention: float = DEFAULT_DEAD_RETENTION
     batch_size: int = 1000
     max_batches: int = 500
+    promote_after: float = DEFAULT_PROMOTE_AFTER
 
     def __post_init__(self) -> None:
+        if self.promote_after < 0:
+            raise ValidationError("promote_after", f"must be >= 0 s, not {self.promote_after}")
         for name in ("sweep_interval", "prune_interval", "completed_retention", "dead_retention"):
             if getattr(self, name) <= 0:
                 raise ValidationError(name, f"must be positive, not {getattr(self, name)}")
@@ -161,6 +169,33 @@ class Maintenance:
             event("maintenance.analyze", changed_rows=changed)
         return int(changed or 0)
 
+    async def promote_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """The starvation policy (see task_promote in sql/tasks.sql), in bounded batches."""
+        if not self.config.promote_after:
+            return 0
+        promoted = 0
+        for _ in range(self.config.max_batches):
+            batch = await self._locked_batch(
+                conn, queries.task_promote(self.config.promote_after, self.config.batch_size)
+            )
+            if batch is None:
+                break
+            promoted += len(batch)
+            for task_id, queue, type_, priority in batch[:20]:  # the first few, by name
+                event(
+                    "task.promoted",
+                    task_id=task_id,
+                    type=type_,
+                    queue=queue,
+                    priority=priority.label,
+                    note=f"waited {self.config.promote_after:g} s",
+                )
+            if len(batch) < self.config.batch_size:
+                break
+        if promoted:
+            event("maintenance.promote", promoted=promoted)
+        return promoted
+
     async def prune_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:
         out = MaintenanceResult()
         plans = [
@@ -201,6 +236,7 @@ class Maintenance:
                     await self.analyze_once(conn)
                     if not first:
                         await self.sweep_once(conn)
+                        await self.promote_once(conn)
                     if not first and loop.time() >= next_prune:
                         next_prune = loop.time() + self.config.prune_interval
                         await self.prune_once(conn)

@@ -261,6 +261,17 @@ def queue_stats(conn: Any) -> list[QueueStats]:
     return run(conn, queries.queue_depth())
 
 
+def promote_aged(
+    conn: Any, /, *, after_seconds: float, limit: int = 1000, now: datetime | None = None
+) -> list[uuid.UUID]:
+    """The starvation policy, one batch: queued tasks ready for ``after_seconds`` move up one
+    priority and wait another ``after_seconds`` before the next step. Workers run this in
+    their maintenance (``--promote-after``); call it yourself to run it elsewhere."""
+    seconds = check_seconds("after_seconds", after_seconds)
+    promoted = run(conn, queries.task_promote(seconds, check_limit(limit), now))
+    return [task_id for task_id, *_ in promoted]
+
+
 def pause_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
     """Stop every worker from claiming tasks of ``queue`` (from their next claim: within a
     poll interval, across processes and hosts) until it is resumed; it stays paused across

@@ -581,6 +581,14 @@ def task_discard(
     return [r["id"] for r in rows]
 
 
+def task_promote(
+    after_seconds: float, limit: int, now: datetime | None = None
+) -> Op[list[tuple[uuid.UUID, str, str, Priority]]]:
+    """Move tasks ready for ``after_seconds`` up one priority: (id, queue, type, new priority)."""
+    rows = yield Query("task_promote", {"after_seconds": after_seconds, "limit": limit, "now": now})
+    return [(r["id"], r["queue"], r["type"], Priority(r["priority"])) for r in rows]
+
+
 def task_prune(
     statuses: Sequence[TaskStatus],
     older_than_seconds: float,

@@ -283,6 +283,44 @@ WITH picked AS (
 DELETE FROM pgqueue.tasks AS t USING picked WHERE t.id = picked.id
 RETURNING t.id;
 
+-- name: task_promote
+-- The starvation policy: a queued task that has been ready for `after_seconds` moves up one
+-- priority (low to normal, normal to high) and its ready time restarts, so it climbs one level
+-- per period; once high, it is older than the high tasks behind it and goes first (FIFO). Each
+-- queue (found by a loose walk of the claim index) and level is read by its own range of the
+-- claim index: (queue, priority, created_at), bounded by the cutoff, since a task is never
+-- ready before it was created. Running and scheduled tasks are left alone.
+WITH RECURSIVE clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           coalesce(%(now)s::timestamptz, now()) - %(after_seconds)s * interval '1 second' AS cutoff
+),
+queues AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued' AND queue > q.name)
+      FROM queues AS q
+     WHERE q.name IS NOT NULL
+),
+aged AS (
+    SELECT a.id
+      FROM queues, clock, (VALUES (1), (2)) AS level(priority)
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE status = 'queued' AND queue = queues.name AND priority = level.priority
+              AND created_at < clock.cutoff AND visible_after < clock.cutoff
+            ORDER BY created_at
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED
+           ) AS a
+     WHERE queues.name IS NOT NULL
+     LIMIT %(limit)s
+)
+UPDATE pgqueue.tasks AS t
+   SET priority = t.priority - 1, visible_after = clock.now
+  FROM aged, clock
+ WHERE t.id = aged.id
+RETURNING t.id, t.queue, t.type, t.priority;
+
 -- name: task_prune
 -- Delete finished tasks of one status older than their retention, oldest first, in bounded
 -- batches so no statement holds many locks or writes one huge transaction. One status and

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -327,6 +328,66 @@ def test_a_paused_queue_is_skipped_by_every_worker_process_and_across_a_restart(
     )
     # With a 30 s poll interval, only the resume's NOTIFY can have woken them this soon.
     assert time.monotonic() - resumed_at < 15
+
+
+@pytest.mark.slow
+def test_a_low_task_is_not_starved_by_a_steady_stream_of_high_tasks(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """One worker slot, high tasks arriving faster than it runs them: by strict priority the
+    low task would wait until the stream stops. With --promote-after 1 it climbs to high within
+    two periods and then overtakes every high task that arrived after it."""
+    ahead = enqueue(
+        db, *({"type": "sleep", "priority": "high", "payload": {"seconds": 0.01}},) * 100
+    )
+    (low,) = enqueue(db, {"type": "noop", "priority": "low"})
+    stop = threading.Event()
+
+    def stream() -> None:  # about 150 high tasks a second against a capacity of about 100
+        with psycopg.connect(database_url, autocommit=True) as producer:
+            while not stop.is_set():
+                enqueue(
+                    producer,
+                    *({"type": "sleep", "priority": "high", "payload": {"seconds": 0.01}},) * 15,
+                )
+                stop.wait(0.1)
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    try:
+        worker = workers.start(
+            database_url,
+            *("--concurrency", "1", "--promote-after", "1", *FAST),
+            *("--sweep-interval", "0.2", "--log-format", "json"),
+            name="w",
+        )
+        wait_until(
+            lambda: status_of(db, low) == "completed",
+            timeout=60,
+            what="the low task to complete while high tasks keep arriving",
+            workers=workers,
+            alive=[worker],
+        )
+        backlog = count(
+            db, "SELECT count(*) FROM pgqueue.tasks WHERE status = 'queued' AND priority = 0"
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+    assert backlog > 0, "the stream stopped being a backlog: the test proved nothing"
+    started, priority = one(
+        db, "SELECT started_at, priority FROM pgqueue.tasks WHERE id = %s", (low,)
+    )
+    assert priority == 0, "promoted twice: low, normal, high"
+    overtaken = count(
+        db,
+        "SELECT count(*) FROM pgqueue.tasks WHERE priority = 0 AND NOT id = ANY(%s)"
+        " AND created_at < %s AND (started_at IS NULL OR started_at > %s)",
+        (ahead, started, started),
+    )
+    assert overtaken > 0, "the low task ran only once no high task was waiting"
+    promoted = [e for e in worker.events() if e["event"] == "task.promoted"]
+    assert {e["priority"] for e in promoted if e["task_id"] == str(low)} == {"normal", "high"}
 
 
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------

@@ -426,6 +426,19 @@ def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any])
             assert_index_only_access(plan, f"prune {dict(query.params)} ({label})")
 
 
+def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connection[Any]) -> None:
+    """The starvation policy runs every sweep round over a backlog of any size: it must reach
+    the aged tasks through the claim index (a loose walk over the queues, then a range per
+    queue and level), never by reading the backlog."""
+    query = first_query(queries.task_promote(300, MAINTENANCE_BATCH))
+    claim_index = partial_index(big, "queued", "queue")
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"promote ({label})")
+        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
+        # The claim index finds the tasks; the primary key is the UPDATE's way back to them.
+        assert claim_index in used and used <= {claim_index, "tasks_pkey"}, (label, used)
+
+
 def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection[Any]) -> None:
     """The first page (as `pgqueue dlq list` and GET /dead-letters ask for it) and a later
     page by keyset cursor. (No index gives created_at order among dead letters, so each page
