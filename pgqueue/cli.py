@@ -852,8 +852,13 @@ def worker(
         float, typer.Option(min=0, help="On SIGTERM, seconds to let running tasks finish.")
     ] = 30.0,
     poll_interval: Annotated[
-        float, typer.Option(min=0.01, help="Seconds between polls when no NOTIFY arrives.")
-    ] = 1.0,
+        float,
+        typer.Option(
+            min=0.01,
+            help="Seconds between polls when no NOTIFY arrives: a scheduled task starts "
+            "within about this long of its time.",
+        ),
+    ] = 0.5,
     maintenance: Annotated[
         bool, typer.Option(help="Run the lease sweep and retention pruning in this worker.")
     ] = True,

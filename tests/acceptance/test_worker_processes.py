@@ -390,6 +390,39 @@ def test_a_low_task_is_not_starved_by_a_steady_stream_of_high_tasks(
     assert {e["priority"] for e in promoted if e["task_id"] == str(low)} == {"normal", "high"}
 
 
+def test_scheduled_tasks_start_within_a_second_of_their_time_with_default_settings(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """Nothing announces that a scheduled task has become due: an idle worker must find it by
+    polling, and its default poll interval keeps that within a second."""
+    worker = workers.start(database_url, "--log-format", "json", name="w")
+    wait_until(
+        lambda: count(db, "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN pgqueue'"),
+        timeout=30,
+        what="the worker to listen",
+        workers=workers,
+        alive=[worker],
+    )
+    ids = enqueue(db, *({"type": "noop", "delay": 1.0 + i / 4} for i in range(5)))
+    wait_until(
+        lambda: all_in_status(db, ids, "completed"),
+        timeout=30,
+        what="the scheduled tasks to complete",
+        workers=workers,
+        alive=[worker],
+    )
+    lateness = [
+        row[0]
+        for row in db.execute(
+            "SELECT extract(epoch FROM started_at - visible_after) FROM pgqueue.tasks"
+            " WHERE id = ANY(%s)",
+            (ids,),
+        ).fetchall()
+    ]
+    assert all(0 <= late < 1.0 for late in lateness), lateness
+    print(f"scheduled task lateness (s): {sorted(round(float(x), 3) for x in lateness)}")
+
+
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------
 
 
