@@ -228,6 +228,9 @@ class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
     window_seconds: float
+    paused_queues: list[str] = Field(
+        default_factory=list, description="Queues no worker claims from until resumed."
+    )
 
 
 class FieldError(BaseModel):
@@ -494,6 +497,12 @@ class _State:
             "pgqueue_queue_oldest_ready_age_seconds",
             "Age of the oldest ready task",
             ["queue", "priority"],
+            registry=self.registry,
+        )
+        self.paused = Gauge(
+            "pgqueue_queue_paused",
+            "1 while a queue is paused (no worker claims from it)",
+            ["queue"],
             registry=self.registry,
         )
 
@@ -785,19 +794,25 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         async with state.connection() as conn:
             depth = await aio.queue_stats(conn)
             done = await aio.throughput(conn, window_seconds=window_seconds)
+            queues = await aio.list_queues(conn)
         return StatsOut(
             depth=[DepthRow(**dataclasses.asdict(d)) for d in depth],
             throughput=[ThroughputRow(**dataclasses.asdict(t)) for t in done],
             window_seconds=window_seconds,
+            paused_queues=sorted(q.name for q in queues if q.paused),
         )
 
     async def metrics() -> Response:
         with contextlib.suppress(PgQueueError):
             async with state.connection() as conn:
                 depth = await aio.queue_stats(conn)
+                queues = await aio.list_queues(conn)
             state.depth.clear()
             state.ready.clear()
             state.oldest.clear()
+            state.paused.clear()
+            for q in queues:
+                state.paused.labels(q.name).set(1 if q.paused else 0)
             for d in depth:
                 state.depth.labels(d.queue, d.priority, d.status).set(d.tasks)
                 if d.status == TaskStatus.QUEUED:

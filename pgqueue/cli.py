@@ -381,6 +381,7 @@ def stats(
     with connection() as conn:
         depth = ops.queue_stats(conn)
         finished = ops.throughput(conn, window_seconds=window)
+        paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
     parts = [
         table(
             ["QUEUE", "PRIORITY", "STATUS", "TASKS", "READY", "SCHEDULED", "OLDEST READY"],
@@ -408,11 +409,14 @@ def stats(
         if finished
         else "none",
     ]
+    if paused:  # a growing backlog there is expected: say why before anyone wonders
+        parts += ["", "paused (no worker claims from them): " + ", ".join(paused)]
     emit(
         {
             "depth": [dataclasses.asdict(s) for s in depth],
             "throughput": [dataclasses.asdict(t) for t in finished],
             "window_seconds": window,
+            "paused_queues": paused,
         },
         "\n".join(parts),
     )

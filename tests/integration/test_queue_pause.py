@@ -145,6 +145,10 @@ def test_http_pauses_lists_and_resumes(database_url, conn):
         assert claim_ids(conn, "emails") == set()
         listed = api.request("GET", "/api/v1/queues").json()
         assert {"name": "emails", "paused": True}.items() <= listed[0].items()
+        stats = api.request("GET", "/api/v1/stats").json()
+        assert stats["paused_queues"] == ["emails"]
+        metrics = api.request("GET", "/metrics").text
+        assert 'pgqueue_queue_paused{queue="emails"} 1.0' in metrics
         resumed = api.request("POST", "/api/v1/queues/emails/resume")
         assert resumed.status_code == 200 and resumed.json()["paused"] is False
         too_long = api.request("POST", f"/api/v1/queues/{'x' * 201}/pause")
@@ -152,3 +156,15 @@ def test_http_pauses_lists_and_resumes(database_url, conn):
     finally:
         api.close()
     assert len(claim_ids(conn, "emails")) == 1
+
+
+def test_stats_says_which_queues_are_paused(database_url, conn):
+    pgqueue.enqueue(conn, "send", queue="emails")
+    pgqueue.pause_queue(conn, "emails")
+
+    human = run_main(database_url, "stats")
+    assert human.code == 0 and "paused (no worker claims from them): emails" in human.stdout
+    machine = run_main(database_url, "--json", "stats")
+    assert json.loads(machine.stdout)["paused_queues"] == ["emails"]
+    pgqueue.resume_queue(conn, "emails")
+    assert json.loads(run_main(database_url, "--json", "stats").stdout)["paused_queues"] == []
