@@ -14,6 +14,7 @@ their own use ``pgqueue.Client(url)``.
 """
 
 from pgqueue.client import Client
+from pgqueue.cron import Schedule
 from pgqueue.enqueue import prepare
 from pgqueue.errors import (
     ConfigurationError,
@@ -59,6 +60,7 @@ from pgqueue.operations import (
     get_task,
     heartbeat,
     list_queues,
+    list_schedules,
     list_tasks,
     pause_queue,
     promote_aged,
@@ -67,6 +69,7 @@ from pgqueue.operations import (
     release,
     replay,
     resume_queue,
+    run_schedule,
     sweep_expired,
     throughput,
 )
@@ -98,6 +101,7 @@ __all__ = [
     "QueueThroughput",
     "Retry",
     "RetryPolicy",
+    "Schedule",
     "SchemaNotReady",
     "SweepResult",
     "Task",
@@ -122,6 +126,7 @@ __all__ = [
     "get_task",
     "heartbeat",
     "list_queues",
+    "list_schedules",
     "list_tasks",
     "pause_queue",
     "prepare",
@@ -131,6 +136,7 @@ __all__ = [
     "release",
     "replay",
     "resume_queue",
+    "run_schedule",
     "sweep_expired",
     "throughput",
 ]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue import queries
+from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.models import (
     ClaimedTask,
@@ -32,6 +33,7 @@ from pgqueue.operations import (
     DEFAULT_DEAD_RETENTION,
     DEFAULT_LEASE_SECONDS,
     _results,
+    _tick_spec,
     as_specs,
     check_filters,
     check_lease,
@@ -116,6 +118,20 @@ async def discard(
 
 async def queue_stats(conn: Any) -> list[QueueStats]:
     return await arun(conn, queries.queue_depth())
+
+
+async def run_schedule(
+    conn: Any, /, schedule: Schedule, *, registry: Any = None, now: datetime | None = None
+) -> list[EnqueueResult]:
+    """See :func:`pgqueue.run_schedule`."""
+    moment = now or datetime.now(UTC)
+    op = queries.schedule_run(schedule, _tick_spec(schedule, registry), moment)
+    return [EnqueueResult(t, c) for t, c in await arun(conn, op, atomic=True)]
+
+
+async def list_schedules(conn: Any) -> list[dict[str, Any]]:
+    """See :func:`pgqueue.list_schedules`."""
+    return await arun(conn, queries.schedule_list())
 
 
 async def pause_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:

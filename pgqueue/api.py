@@ -217,6 +217,17 @@ class ThroughputRow(BaseModel):
     failed: int
 
 
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    timezone: str
+    type: str
+    queue: str
+    last_tick: datetime | None
+    next_tick: datetime | None
+    updated_at: datetime
+
+
 class QueueOut(BaseModel):
     name: str
     paused: bool
@@ -762,6 +773,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         async with state.connection() as conn:
             ids = await aio.discard(conn, type=body.type, queue=body.queue, limit=body.limit)
         return BulkOut(count=len(ids), task_ids=ids)
+
+    @api.get("/schedules", response_model=list[ScheduleOut], responses=_responses(*COMMON))
+    async def list_schedules() -> list[ScheduleOut]:
+        """Periodic tasks the workers declared: cron, time zone, last tick and next run."""
+        async with state.connection() as conn:
+            rows = await aio.list_schedules(conn)
+        return [ScheduleOut(**r) for r in rows]
 
     @api.get("/queues", response_model=list[QueueOut], responses=_responses(*COMMON))
     async def list_queues() -> list[QueueOut]:

@@ -451,6 +451,25 @@ def queue_resume(name: QueueNameArg) -> None:
     emit(state_dict(state), _queue_line(state))
 
 
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "type", "queue", "last_tick", "next_tick")
+
+
+@app.command()
+def schedules() -> None:
+    """Periodic tasks the workers declared: cron, time zone, last tick and next run."""
+    with connection() as conn:
+        rows = ops.list_schedules(conn)
+    human = (
+        table(
+            ["NAME", "CRON", "TIME ZONE", "TYPE", "QUEUE", "LAST TICK", "NEXT RUN"],
+            [[r[k] for k in SCHEDULE_COLUMNS] for r in rows],
+        )
+        if rows
+        else "no schedules (workers record theirs when they start)"
+    )
+    emit(rows, human)
+
+
 @queue_app.command("list")
 def queue_list() -> None:
     """Queues with unfinished tasks or a setting, and whether each is paused."""
@@ -887,6 +906,10 @@ def worker(
             help="Starvation policy: a task waiting this long moves up one priority (0: never).",
         ),
     ] = 300.0,
+    scheduler: Annotated[
+        bool,
+        typer.Option(help="Enqueue the registry's periodic tasks (once per tick, fleet-wide)."),
+    ] = True,
     log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
@@ -925,6 +948,8 @@ def worker(
             argv += ["--queue", q]
         if not maintenance:
             argv.append("--no-maintenance")
+        if not scheduler:
+            argv.append("--no-scheduler")
         env = {**os.environ, ENV_DATABASE_URL: url}
         raise typer.Exit(Supervisor(argv, processes, env=env).run())
     config = WorkerConfig(
@@ -934,6 +959,7 @@ def worker(
         poll_interval=poll_interval,
         grace_period=grace_period,
         startup_timeout=startup_timeout,
+        scheduler=scheduler,
         maintenance=MaintenanceConfig(
             enabled=maintenance,
             sweep_interval=sweep_interval,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue import config, queries
+from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import TaskNotFound, ValidationError
 from pgqueue.models import (
@@ -259,6 +260,34 @@ def discard(
 def queue_stats(conn: Any) -> list[QueueStats]:
     """Depth per queue, priority and status, with the age of the oldest ready task."""
     return run(conn, queries.queue_depth())
+
+
+def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime], TaskSpec]:
+    """The task for one tick: the schedule's, with its type's retry policy when known."""
+
+    def make(tick: datetime) -> TaskSpec:
+        options: dict[str, Any] = {"queue": schedule.queue, "priority": schedule.priority}
+        if registry is not None:
+            options = registry.enqueue_options(schedule.type, options)
+        key = f"periodic:{schedule.name}:{tick.astimezone(UTC).isoformat()}"
+        return prepare(schedule.type, schedule.payload, idempotency_key=key, run_at=tick, **options)
+
+    return make
+
+
+def run_schedule(
+    conn: Any, /, schedule: Schedule, *, registry: Any = None, now: datetime | None = None
+) -> list[EnqueueResult]:
+    """Enqueue the schedule's due ticks, once across every caller (see TaskRegistry.periodic).
+    Workers do this on their own; call it to drive a schedule from elsewhere."""
+    moment = now or datetime.now(UTC)
+    op = queries.schedule_run(schedule, _tick_spec(schedule, registry), moment)
+    return [EnqueueResult(t, c) for t, c in run(conn, op, atomic=True)]
+
+
+def list_schedules(conn: Any) -> list[dict[str, Any]]:
+    """Every schedule a worker has declared: cron, time zone, last tick and next run."""
+    return run(conn, queries.schedule_list())
 
 
 def promote_aged(

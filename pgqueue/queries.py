@@ -13,7 +13,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, NamedTuple, TypeVar
@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgqueue import db
+from pgqueue.cron import Schedule
 from pgqueue.errors import DatabaseUnavailable, LeaseLost, SchemaNotReady, TaskNotFound
 from pgqueue.models import (
     ClaimedTask,
@@ -616,6 +617,44 @@ def task_prune(
 def queue_depth() -> Op[list[QueueStats]]:
     rows = yield Query("queue_depth", {})
     return [QueueStats(**r) for r in rows]
+
+
+def schedule_run(
+    schedule: Schedule, make_spec: Callable[[datetime], TaskSpec], now: datetime
+) -> Op[list[tuple[Task, bool]]]:
+    """Enqueue a schedule's due ticks exactly once, however many schedulers run: the row lock
+    taken by the upsert queues them up, and each enqueues only the ticks after the last one
+    recorded. Run it in a transaction (atomic), so the ticks and the fence commit together."""
+    rows = yield Query(
+        "schedule_lock",
+        {
+            "name": schedule.name,
+            "cron": schedule.cron.text,
+            "timezone": schedule.timezone,
+            "type": schedule.type,
+            "queue": schedule.queue,
+        },
+    )
+    last_tick = rows[0]["last_tick"]
+    ticks = schedule.due(last_tick, now)
+    enqueued = []
+    for tick in ticks:
+        enqueued.append((yield from task_insert(make_spec(tick))))
+    fence = ticks[-1] if ticks else (last_tick or now)
+    yield Query(
+        "schedule_advance",
+        {
+            "name": schedule.name,
+            "last_tick": fence,
+            "next_tick": schedule.next_after(max(fence, now)),
+        },
+    )
+    return enqueued
+
+
+def schedule_list() -> Op[list[dict[str, Any]]]:
+    rows = yield Query("schedule_list", {})
+    return [dict(r) for r in rows]
 
 
 def queue_pause(name: str, now: datetime | None = None) -> Op[QueueState]:

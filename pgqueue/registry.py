@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from pgqueue.cron import Cron, Schedule, zone
 from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
 from pgqueue.models import RetryPolicy
@@ -52,6 +53,7 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     def handler(
         self,
@@ -103,6 +105,49 @@ class TaskRegistry:
         if handler and handler.retry and "retry" not in out and "max_attempts" not in out:
             out["retry"] = handler.retry
         return out
+
+    def periodic(
+        self,
+        name: str,
+        cron: str,
+        *,
+        type: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        queue: str = "default",
+        priority: str = "normal",
+        catch_up: bool = False,
+    ) -> Schedule:
+        """Enqueue ``type`` (default: ``name``) at every tick of ``cron`` in ``timezone``.
+
+        Every worker running this registry also runs the scheduler, yet each tick is enqueued
+        once across all of them (a row lock and the tick's idempotency key,
+        ``periodic:NAME:TICK``). Ticks missed while no worker ran are not replayed in a burst:
+        only the newest is enqueued, unless ``catch_up`` asks for all of them.
+        """
+        from pgqueue.enqueue import prepare
+
+        check_name("schedule", name)
+        if name in self._schedules:
+            raise ValueError(f"schedule {name!r} is already declared")
+        schedule = Schedule(
+            name=name,
+            cron=Cron.parse(cron),
+            timezone=zone(timezone).key,
+            type=type or name,
+            payload=dict(payload or {}),
+            queue=queue,
+            priority=priority,
+            catch_up=catch_up,
+        )
+        # Everything the task will be is checked now, at import, not at the first tick.
+        prepare(schedule.type, schedule.payload, queue=queue, priority=priority)
+        self._schedules[name] = schedule
+        return schedule
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        return list(self._schedules.values())
 
     def enqueue(
         self, conn: Any, type: str, payload: Mapping[str, Any] | None = None, **options: Any

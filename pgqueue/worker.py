@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -37,6 +38,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue import aio
 from pgqueue.config import resolve_database_url
+from pgqueue.cron import Schedule
 from pgqueue.errors import DatabaseUnavailable, LeaseLost, ValidationError
 from pgqueue.executor import (
     Cancelled,
@@ -51,7 +53,7 @@ from pgqueue.executor import (
 )
 from pgqueue.log import event, logger
 from pgqueue.maintenance import Maintenance, MaintenanceConfig
-from pgqueue.models import ClaimedTask, FailOutcome, Lease
+from pgqueue.models import ClaimedTask, EnqueueResult, FailOutcome, Lease
 from pgqueue.queries import arun, task_complete_many
 from pgqueue.registry import TaskRegistry
 
@@ -78,6 +80,9 @@ class WorkerConfig:
     # How long a starting worker waits for a database that is down or starting up (a
     # restart, a failover, a worker scheduled before its database) before it gives up.
     startup_timeout: float = 60.0
+    # Run the registry's periodic schedules (TaskRegistry.periodic). Safe in every worker:
+    # each tick is enqueued once across all of them.
+    scheduler: bool = True
     worker_id: str = ""
     maintenance: MaintenanceConfig = dataclasses.field(default_factory=MaintenanceConfig)
 
@@ -204,6 +209,8 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._complete_loop(), name="completer"),
         ]
+        if cfg.scheduler and self.registry.schedules:
+            helpers.append(asyncio.create_task(self._scheduler(), name="scheduler"))
         if cfg.maintenance.enabled:
             maintenance = Maintenance(cfg.maintenance)
             helpers.append(
@@ -639,6 +646,35 @@ class Worker:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    # --- periodic tasks --------------------------------------------------------------------------
+
+    async def _scheduler(self) -> None:
+        """Enqueue each schedule's due ticks, then sleep until the next tick of any of them."""
+        schedules = self.registry.schedules
+        while True:
+            for schedule in schedules:
+
+                async def run(conn: Any, s: Schedule = schedule) -> list[EnqueueResult]:
+                    return await aio.run_schedule(conn, s, registry=self.registry)
+
+                try:
+                    results = await self._with_db(run, attempts=1)
+                except Exception as exc:  # a bad schedule must not stop the others
+                    event("schedule.error", logging.ERROR, schedule=schedule.name, error=str(exc))
+                    continue
+                for result in results or []:
+                    if result.created:
+                        event(
+                            "schedule.enqueued",
+                            schedule=schedule.name,
+                            task_id=result.task.id,
+                            type=result.task.type,
+                            tick=result.task.visible_after.isoformat(),
+                        )
+            now = datetime.now(UTC)
+            wake = min(s.next_after(now) for s in schedules)
+            await asyncio.sleep(min(max((wake - now).total_seconds(), 0.005), 5.0))
 
     # --- handler connections -----------------------------------------------------------------
 

@@ -28,6 +28,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
 -- UPDATE: pausing and resuming (`pgqueue queue pause`, the API), an upsert. Not DELETE.
 GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.queues TO :"app_role";
 
+-- Periodic tasks. INSERT and UPDATE: workers upsert their schedules and move each one's last
+-- tick (under a row lock: the once-per-tick fence). SELECT: `pgqueue schedules`. Not DELETE.
+GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.schedules TO :"app_role";
+
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks

@@ -371,6 +371,27 @@ SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at
   LEFT JOIN pgqueue.queues AS q USING (name)
  ORDER BY n.name;
 
+-- name: schedule_lock
+-- Upsert a schedule's definition and lock its row: concurrent schedulers (every worker may run
+-- one) queue up here, and each then sees the last tick the previous one enqueued.
+INSERT INTO pgqueue.schedules AS s (name, cron, timezone, type, queue, updated_at)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(type)s, %(queue)s, now())
+ON CONFLICT (name) DO UPDATE
+   SET cron = excluded.cron, timezone = excluded.timezone, type = excluded.type,
+       queue = excluded.queue, updated_at = excluded.updated_at
+RETURNING s.last_tick;
+
+-- name: schedule_advance
+-- Move the fence on, in the transaction that enqueued the ticks.
+UPDATE pgqueue.schedules
+   SET last_tick = %(last_tick)s, next_tick = %(next_tick)s
+ WHERE name = %(name)s;
+
+-- name: schedule_list
+SELECT name, cron, timezone, type, queue, last_tick, next_tick, updated_at
+  FROM pgqueue.schedules
+ ORDER BY name;
+
 -- name: queue_depth
 SELECT queue, priority, status, tasks, ready, scheduled,
        extract(epoch FROM oldest_ready_age)::double precision AS oldest_ready_age_seconds

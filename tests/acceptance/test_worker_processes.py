@@ -110,10 +110,16 @@ class Workers:
         self.tmp_path = tmp_path
         self.started: list[WorkerProcess] = []
 
-    def start(self, database_url: str, *options: str, name: str | None = None) -> WorkerProcess:
+    def start(
+        self,
+        database_url: str,
+        *options: str,
+        name: str | None = None,
+        registry: str = "handlers:tasks",
+    ) -> WorkerProcess:
         name = name or f"w{len(self.started)}"
         command = [sys.executable, "-m", "pgqueue", "--database-url", database_url]
-        command += ["worker", "handlers:tasks", *options]
+        command += ["worker", registry, *options]
         pythonpath = [str(HERE)]
         if os.environ.get("PYTHONPATH"):
             pythonpath.append(os.environ["PYTHONPATH"])
@@ -421,6 +427,46 @@ def test_scheduled_tasks_start_within_a_second_of_their_time_with_default_settin
     ]
     assert all(0 <= late < 1.0 for late in lateness), lateness
     print(f"scheduled task lateness (s): {sorted(round(float(x), 3) for x in lateness)}")
+
+
+@pytest.mark.slow
+def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """Every worker runs the scheduler; the schedule row's lock and its last tick make each
+    tick one task: consecutive seconds, no gap, no second task for any of them."""
+    procs = [
+        workers.start(
+            database_url,
+            *("--queue", "periodic", "--log-format", "json", *FAST),
+            name=f"s{i}",
+            registry="periodic_handlers:tasks",
+        )
+        for i in range(3)
+    ]
+    wait_until(
+        lambda: count(db, "SELECT count(*) FROM pgqueue.tasks WHERE status = 'completed'") >= 6,
+        timeout=60,
+        what="six ticks to be enqueued and run",
+        workers=workers,
+        alive=procs,
+    )
+    for proc in procs:
+        proc.proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        wait_for_exit(proc, timeout=30)
+
+    ticks = [
+        r[0]
+        for r in db.execute(
+            "SELECT visible_after FROM pgqueue.tasks WHERE type = 'beat' ORDER BY visible_after"
+        ).fetchall()
+    ]
+    gaps = {(b - a).total_seconds() for a, b in itertools.pairwise(ticks)}
+    assert len(ticks) >= 6 and gaps == {1.0}, ticks
+    enqueued = [e for p in procs for e in p.events() if e["event"] == "schedule.enqueued"]
+    assert len(enqueued) == len(ticks), "a tick was enqueued by two schedulers"
+    assert len({e["task_id"] for e in enqueued}) == len(ticks)
 
 
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------

@@ -1061,6 +1061,7 @@ PROTECTED = [
     ("POST", "/api/v1/dead-letters/discard", None, {"type": "none-such"}, 200),
     ("GET", "/api/v1/stats", None, None, 200),
     ("GET", "/api/v1/queues", None, None, 200),
+    ("GET", "/api/v1/schedules", None, None, 200),
     ("POST", "/api/v1/queues/{name}/pause", None, None, 200),
     ("POST", "/api/v1/queues/{name}/resume", None, None, 200),
     ("GET", "/metrics", None, None, 200),
@@ -1447,6 +1448,7 @@ def test_openapi_lists_every_path_and_the_documented_status_codes(shared_client)
         "/api/v1/dead-letters/discard",
         "/api/v1/stats",
         "/api/v1/queues",
+        "/api/v1/schedules",
         "/api/v1/queues/{name}/pause",
         "/api/v1/queues/{name}/resume",
     }

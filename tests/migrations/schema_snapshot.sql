@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0002_queues
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0003_schedules
 
 CREATE TABLE pgqueue.pgqueue_alembic_version (
     version_num character varying(32) NOT NULL
@@ -24,6 +24,20 @@ ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_name_check CHECK (((length(name
 ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_paused_at_check CHECK ((paused = (paused_at IS NOT NULL)));
 ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
 CREATE UNIQUE INDEX queues_pkey ON pgqueue.queues USING btree (name);
+
+CREATE TABLE pgqueue.schedules (
+    name text NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL,
+    type text NOT NULL,
+    queue text NOT NULL,
+    last_tick timestamp with time zone,
+    next_tick timestamp with time zone,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
+ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+CREATE UNIQUE INDEX schedules_pkey ON pgqueue.schedules USING btree (name);
 
 CREATE TABLE pgqueue.tasks (
     id uuid NOT NULL DEFAULT gen_random_uuid(),
