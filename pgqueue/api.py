@@ -471,7 +471,7 @@ class _State:
         self.settings = settings
         self.pool: AsyncConnectionPool[Any] | None = None
         self.head: str | None = None
-        self.schema_ok = False  # the schema was seen at head (see _check_schema)
+        self.schema_ok = False  # the schema was seen at head (see check_schema)
         self._opening = asyncio.Lock()
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -550,21 +550,22 @@ class _State:
             self.pool = None
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
+    async def connection(self, *, check_schema: bool = True) -> AsyncIterator[Any]:
         if self.pool is None:
             await self.open()
         assert self.pool is not None
         try:
             async with self.pool.connection(timeout=5) as conn:
-                if not self.schema_ok:
-                    await self._check_schema(conn)
+                if check_schema and not self.schema_ok:
+                    await self.check_schema(conn)
                 yield conn
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise DatabaseUnavailable(f"database unavailable: {exc}") from None
 
-    async def _check_schema(self, conn: Any) -> None:
-        """Serve tasks only from a schema at this pgqueue's revision, as the worker and the
-        Client do: checked on first use and again after each refusal, not on every request."""
+    async def check_schema(self, conn: Any) -> str:
+        """The schema's revision, or SchemaNotReady unless it is this pgqueue's. Task
+        endpoints run it on first use and again after each refusal, not on every request (as
+        the worker and the Client check once); /readyz runs it every time."""
         revision = await queries.arun(conn, queries.schema_version())
         if revision != self.head:
             await conn.rollback()
@@ -577,6 +578,8 @@ class _State:
                 f"needs {self.head}; run `pgqueue migrate`"
             )
         self.schema_ok = True
+        assert revision is not None  # equal to the head, which open() has set
+        return revision
 
 
 def _encode_cursor(task: Task) -> str:
@@ -850,14 +853,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     async def readyz() -> Any:
         """The database is reachable and its schema is at this pgqueue's revision."""
         try:
-            async with state.connection() as conn:
-                revision = await queries.arun(conn, queries.schema_version())
+            async with state.connection(check_schema=False) as conn:
+                revision = await state.check_schema(conn)
         except PgQueueError as exc:
             return _error(503, "not_ready", str(exc))
-        if revision != state.head:
-            return _error(
-                503, "not_ready", f"schema at {revision}, needs {state.head}: run `pgqueue migrate`"
-            )
         return HealthOut(status="ready", schema_revision=revision)
 
     app.add_middleware(Measure, state=state)

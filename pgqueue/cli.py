@@ -440,7 +440,7 @@ def queue_pause(name: QueueNameArg) -> None:
     finish; submitting still works; it stays paused across restarts."""
     with connection() as conn:
         state = ops.pause_queue(conn, name)
-    emit(state_dict(state), _queue_line(state) + ": workers claim none of its tasks")
+    emit(_queue_dict(state), _queue_line(state) + ": workers claim none of its tasks")
 
 
 @queue_app.command("resume")
@@ -448,7 +448,7 @@ def queue_resume(name: QueueNameArg) -> None:
     """Let workers claim this queue's tasks again (idle workers are woken at once)."""
     with connection() as conn:
         state = ops.resume_queue(conn, name)
-    emit(state_dict(state), _queue_line(state))
+    emit(_queue_dict(state), _queue_line(state))
 
 
 SCHEDULE_COLUMNS = ("name", "cron", "timezone", "type", "queue", "last_tick", "next_tick")
@@ -483,10 +483,10 @@ def queue_list() -> None:
         if states
         else "no queues"
     )
-    emit([state_dict(q) for q in states], human)
+    emit([_queue_dict(q) for q in states], human)
 
 
-def state_dict(state: QueueState) -> dict[str, object]:
+def _queue_dict(state: QueueState) -> dict[str, object]:
     return {
         "name": state.name,
         "paused": state.paused,

@@ -363,10 +363,20 @@ WITH resumed AS (
 SELECT resumed.*, pg_notify('pgqueue', resumed.name) IS NULL AS notified FROM resumed;
 
 -- name: queue_list
--- Every queue with unfinished tasks or a setting, and whether it is paused. Finished tasks
--- are left out: reading them all would scan the whole table (the backlog has indexes).
+-- Every queue with unfinished tasks or a setting, and whether it is paused (stats and every
+-- /metrics scrape ask). The queues of the backlog come from a loose walk of the claim index,
+-- one probe per queue, not from reading every queued task; running tasks are few (as many
+-- as the workers' slots). Finished tasks are left out: they would mean the whole table.
+WITH RECURSIVE backlog AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued' AND queue > b.name)
+      FROM backlog AS b
+     WHERE b.name IS NOT NULL
+)
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at
-  FROM (SELECT DISTINCT queue AS name FROM pgqueue.tasks WHERE status IN ('queued', 'running')
+  FROM (SELECT name FROM backlog WHERE name IS NOT NULL
+        UNION SELECT queue FROM pgqueue.tasks WHERE status = 'running'
         UNION SELECT name FROM pgqueue.queues) AS n
   LEFT JOIN pgqueue.queues AS q USING (name)
  ORDER BY n.name;

@@ -439,6 +439,14 @@ def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connec
         assert claim_index in used and used <= {claim_index, "tasks_pkey"}, (label, used)
 
 
+def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connection[Any]) -> None:
+    """`pgqueue stats` and every /metrics scrape list the queues (for the paused ones): that
+    must cost a probe per queue, not a read of the whole backlog."""
+    query = first_query(queries.queue_list())
+    # No parameters: its generic plan is its custom plan, so one EXPLAIN covers both.
+    assert_index_only_access(explain(big, query), "queue list")
+
+
 def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection[Any]) -> None:
     """The first page (as `pgqueue dlq list` and GET /dead-letters ask for it) and a later
     page by keyset cursor. (No index gives created_at order among dead letters, so each page

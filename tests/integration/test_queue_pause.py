@@ -104,15 +104,18 @@ def test_a_bad_queue_name_is_a_validation_error_naming_queue(conn, name):
 
 
 def test_async_and_client_pause_the_same_setting(database_url, conn):
+    task = pgqueue.enqueue(conn, "send", queue="emails").id
+
     async def pause() -> pgqueue.QueueState:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as a:
             return await aio.pause_queue(a, "emails")
 
     assert asyncio.run(pause()).paused
+    assert claim_ids(conn, "emails") == set()  # the async pause holds for a sync claim
     with pgqueue.Client(database_url) as client:
         assert [q.paused for q in client.list_queues() if q.name == "emails"] == [True]
         assert client.resume_queue("emails").paused is False
-    assert claim_ids(conn, "emails") == set()  # nothing to claim, but not refused either
+    assert claim_ids(conn, "emails") == {task}
 
 
 def test_cli_pauses_lists_and_resumes_with_json_and_tables(database_url, conn):
