@@ -20,6 +20,7 @@ from pgqueue.models import (
     EnqueueResult,
     FailResult,
     Lease,
+    Limit,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -40,8 +41,11 @@ from pgqueue.operations import (
     check_limit,
     check_retry_after,
     check_window,
+    limit_target,
+    limit_values,
     list_args,
     parse_task_id,
+    retention_value,
 )
 from pgqueue.queries import HeartbeatResult, TaskSpec, arun
 
@@ -149,6 +153,52 @@ async def list_queues(conn: Any) -> list[QueueState]:
     return await arun(conn, queries.queue_list())
 
 
+async def set_queue_retention(
+    conn: Any,
+    /,
+    queue: str,
+    *,
+    completed: float | None = None,
+    dead: float | None = None,
+    now: datetime | None = None,
+) -> QueueState:
+    """See :func:`pgqueue.set_queue_retention`."""
+    op = queries.queue_set_retention(
+        check_name("queue", queue),
+        retention_value("completed", completed),
+        retention_value("dead", dead),
+        now,
+    )
+    return await arun(conn, op)
+
+
+async def set_limit(
+    conn: Any,
+    /,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    max_running: int | None = None,
+    rate: int | None = None,
+    per: float = 1.0,
+    now: datetime | None = None,
+) -> Limit:
+    """See :func:`pgqueue.set_limit`."""
+    kind, name = limit_target(type, queue)
+    op = queries.limit_set(kind, name, *limit_values(max_running, rate, per), now)
+    return await arun(conn, op)
+
+
+async def clear_limit(conn: Any, /, *, type: str | None = None, queue: str | None = None) -> bool:
+    """See :func:`pgqueue.clear_limit`."""
+    return await arun(conn, queries.limit_clear(*limit_target(type, queue)))
+
+
+async def list_limits(conn: Any, /, *, now: datetime | None = None) -> list[Limit]:
+    """See :func:`pgqueue.list_limits`."""
+    return await arun(conn, queries.limit_list(now))
+
+
 async def throughput(
     conn: Any, /, *, window_seconds: float = 60, now: datetime | None = None
 ) -> list[QueueThroughput]:
@@ -166,16 +216,15 @@ async def claim(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     now: datetime | None = None,
 ) -> list[ClaimedTask]:
-    return await arun(
-        conn,
-        queries.task_claim(
-            queues=list(queues),
-            limit=check_limit(limit),
-            owner=worker_id,
-            lease_seconds=check_lease(lease_seconds),
-            now=now,
-        ),
+    """See :func:`pgqueue.claim`."""
+    op = queries.claim_round(
+        queues=list(queues),
+        limit=check_limit(limit),
+        owner=worker_id,
+        lease_seconds=check_lease(lease_seconds),
+        now=now,
     )
+    return (await arun(conn, op, atomic=True))[0]
 
 
 async def complete(

@@ -39,7 +39,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pgqueue import aio, queries
+from pgqueue import aio, models, queries
 from pgqueue.config import resolve_database_url
 from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
 from pgqueue.errors import (
@@ -52,12 +52,15 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.models import MAX_ATTEMPTS, Task, TaskStatus
+from pgqueue.operations import DAY as _DAY
+from pgqueue.operations import MAX_RATE, MAX_RUNNING
 
 ENV_TOKENS = "PGQUEUE_API_TOKENS"
 ENV_TOKENS_FILE = "PGQUEUE_API_TOKENS_FILE"
 ENV_MAX_BODY = "PGQUEUE_API_MAX_BODY_BYTES"
 DEFAULT_MAX_BODY = 1024 * 1024
 MAX_PAGE = 500
+MAX_RETENTION = 10 * 365 * _DAY  # as the library's check_seconds
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -233,6 +236,61 @@ class QueueOut(BaseModel):
     paused: bool
     paused_at: datetime | None
     updated_at: datetime | None
+    completed_retention: float | None = Field(
+        None, description="Seconds completed and cancelled tasks are kept (null: the default)."
+    )
+    dead_retention: float | None = Field(
+        None, description="Seconds dead letters are kept (null: the default)."
+    )
+
+
+class RetentionIn(BaseModel):
+    """A queue's retention, both at once; null (or left out) is the workers' default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completed_seconds: Annotated[float, Strict()] | None = Field(None, gt=0, le=MAX_RETENTION)
+    dead_seconds: Annotated[float, Strict()] | None = Field(None, gt=0, le=MAX_RETENTION)
+
+
+class LimitIn(BaseModel):
+    """A limit, set as a whole: a part left null is no limit of that kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_running: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RUNNING)
+    rate: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RATE)
+    per_seconds: Annotated[float, Strict()] = Field(1.0, gt=0, le=MAX_RETENTION)
+
+
+class LimitOut(BaseModel):
+    kind: Literal["type", "queue"]
+    name: str
+    max_running: int | None
+    rate: int | None
+    per_seconds: float | None
+    running: int = Field(description="Tasks running under the limit now.")
+    recent_starts: int = Field(description="Starts within the rate window.")
+    updated_at: datetime | None
+
+    @classmethod
+    def of(cls, limit: models.Limit) -> LimitOut:
+        return cls(
+            kind=limit.kind.value,
+            name=limit.name,
+            max_running=limit.max_running,
+            rate=limit.rate_limit,
+            per_seconds=limit.rate_period,
+            running=limit.running,
+            recent_starts=limit.recent_starts,
+            updated_at=limit.updated_at,
+        )
+
+
+class LimitRemovedOut(BaseModel):
+    kind: Literal["type", "queue"]
+    name: str
+    removed: bool
 
 
 class StatsOut(BaseModel):
@@ -805,6 +863,49 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         async with state.connection() as conn:
             resumed = await aio.resume_queue(conn, name)
         return QueueOut(**dataclasses.asdict(resumed))
+
+    @api.put("/queues/{name}/retention", response_model=QueueOut, responses=_responses(*COMMON))
+    async def set_queue_retention(name: str, body: RetentionIn) -> QueueOut:
+        """How long this queue's finished tasks are kept, in place of the workers' defaults;
+        pruning applies it from its next round on."""
+        async with state.connection() as conn:
+            q = await aio.set_queue_retention(
+                conn, name, completed=body.completed_seconds, dead=body.dead_seconds
+            )
+        return QueueOut(**dataclasses.asdict(q))
+
+    @api.get("/limits", response_model=list[LimitOut], responses=_responses(*COMMON))
+    async def list_limits() -> list[LimitOut]:
+        """Every limit, with the tasks running under it and its starts in the rate window."""
+        async with state.connection() as conn:
+            limits = await aio.list_limits(conn)
+        return [LimitOut.of(x) for x in limits]
+
+    @api.put("/limits/{kind}/{name}", response_model=LimitOut, responses=_responses(*COMMON))
+    async def set_limit(kind: Literal["type", "queue"], name: str, body: LimitIn) -> LimitOut:
+        """Limit a task type or a queue across every worker: at most ``max_running`` at once
+        and at most ``rate`` starts in any ``per_seconds`` window."""
+        type_, queue = (name, None) if kind == "type" else (None, name)
+        async with state.connection() as conn:
+            limit = await aio.set_limit(
+                conn,
+                type=type_,
+                queue=queue,
+                max_running=body.max_running,
+                rate=body.rate,
+                per=body.per_seconds,
+            )
+        return LimitOut.of(limit)
+
+    @api.delete(
+        "/limits/{kind}/{name}", response_model=LimitRemovedOut, responses=_responses(*COMMON)
+    )
+    async def clear_limit(kind: Literal["type", "queue"], name: str) -> LimitRemovedOut:
+        """Remove a limit (``removed`` says whether there was one)."""
+        type_, queue = (name, None) if kind == "type" else (None, name)
+        async with state.connection() as conn:
+            removed = await aio.clear_limit(conn, type=type_, queue=queue)
+        return LimitRemovedOut(kind=kind, name=name, removed=removed)
 
     @api.get("/stats", response_model=StatsOut, responses=_responses(*COMMON))
     async def stats(

@@ -28,6 +28,7 @@ from pgqueue.client import Client
 from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, redact, resolve_database_url
 from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound, ValidationError
 from pgqueue.formatting import MISSING, age, headline, key_values, table, timestamp
+from pgqueue.models import Limit as LimitRow
 from pgqueue.models import Priority, QueueState, Task, TaskStatus
 
 app = typer.Typer(
@@ -46,6 +47,12 @@ queue_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(queue_app, name="queue")
+limit_app = typer.Typer(
+    help="Limits on a task type or a queue, across every worker: how many run at once and how "
+    "many start per period.",
+    no_args_is_help=True,
+)
+app.add_typer(limit_app, name="limit")
 
 
 class State:
@@ -472,18 +479,87 @@ def schedules() -> None:
 
 @queue_app.command("list")
 def queue_list() -> None:
-    """Queues with unfinished tasks or a setting, and whether each is paused."""
+    """Queues with unfinished tasks or a setting: paused or running, and their retention."""
     with connection() as conn:
         states = ops.list_queues(conn)
     human = (
         table(
-            ["QUEUE", "STATE", "PAUSED SINCE"],
-            [[q.name, "paused" if q.paused else "running", q.paused_at] for q in states],
+            ["QUEUE", "STATE", "PAUSED SINCE", "KEEP FINISHED", "KEEP DEAD LETTERS"],
+            [
+                [
+                    q.name,
+                    "paused" if q.paused else "running",
+                    q.paused_at,
+                    _duration_or_default(q.completed_retention),
+                    _duration_or_default(q.dead_retention),
+                ]
+                for q in states
+            ],
         )
         if states
         else "no queues"
     )
     emit([_queue_dict(q) for q in states], human)
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds, or a number with a unit: 90s, 15m, 24h, 14d."""
+    if isinstance(text, int | float):  # an option's default
+        return float(text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not match:
+        raise typer.BadParameter(
+            f"{text!r} is not a duration: give seconds or e.g. 90s, 15m, 24h, 14d"
+        )
+    return float(match[1]) * DURATION_UNITS[match[2] or "s"]
+
+
+def show_duration(seconds: float) -> str:
+    for unit in ("d", "h", "m"):
+        if seconds >= DURATION_UNITS[unit] and seconds % DURATION_UNITS[unit] == 0:
+            return f"{seconds / DURATION_UNITS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _duration_or_default(seconds: float | None) -> str:
+    return "default" if seconds is None else show_duration(seconds)
+
+
+@queue_app.command("retention")
+def queue_retention(
+    name: QueueNameArg,
+    completed: Annotated[
+        float | None,
+        typer.Option(
+            "--completed",
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Keep completed and cancelled tasks this long (e.g. 6h, 7d).",
+        ),
+    ] = None,
+    dead: Annotated[
+        float | None,
+        typer.Option(
+            "--dead",
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Keep dead letters this long (e.g. 30d).",
+        ),
+    ] = None,
+) -> None:
+    """Set how long this queue's finished tasks are kept, in place of the workers' defaults
+    (--completed-retention, --dead-retention). Both are set at once: one left out goes back
+    to the default. Pruning applies it from its next round on."""
+    with connection() as conn:
+        q = ops.set_queue_retention(conn, name, completed=completed, dead=dead)
+    emit(
+        _queue_dict(q),
+        f"queue {q.name!r} keeps finished tasks {_duration_or_default(q.completed_retention)}"
+        f" and dead letters {_duration_or_default(q.dead_retention)}",
+    )
 
 
 def _queue_dict(state: QueueState) -> dict[str, object]:
@@ -492,7 +568,105 @@ def _queue_dict(state: QueueState) -> dict[str, object]:
         "paused": state.paused,
         "paused_at": state.paused_at.isoformat() if state.paused_at else None,
         "updated_at": state.updated_at.isoformat() if state.updated_at else None,
+        "completed_retention": state.completed_retention,
+        "dead_retention": state.dead_retention,
     }
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+LimitType = Annotated[str | None, typer.Option("--type", help="Limit the tasks of this type.")]
+LimitQueue = Annotated[str | None, typer.Option("--queue", help="Limit the tasks of this queue.")]
+
+
+def _limit_dict(limit: LimitRow) -> dict[str, object]:
+    return {
+        "kind": limit.kind.value,
+        "name": limit.name,
+        "max_running": limit.max_running,
+        "rate": limit.rate_limit,
+        "per": limit.rate_period,
+        "running": limit.running,
+        "recent_starts": limit.recent_starts,
+        "updated_at": limit.updated_at.isoformat() if limit.updated_at else None,
+    }
+
+
+def _rate_text(limit: LimitRow) -> str:
+    if limit.rate_limit is None or limit.rate_period is None:
+        return MISSING
+    return f"{limit.rate_limit} per {show_duration(limit.rate_period)}"
+
+
+@limit_app.command("set")
+def limit_set(
+    task_type: LimitType = None,
+    queue: LimitQueue = None,
+    max_running: Annotated[
+        int | None,
+        typer.Option(min=0, help="At most this many running at once, across every worker."),
+    ] = None,
+    rate: Annotated[
+        int | None,
+        typer.Option(min=0, max=ops.MAX_RATE, help="At most this many starts per --per."),
+    ] = None,
+    per: Annotated[
+        float,
+        typer.Option(
+            parser=parse_duration, metavar="DURATION", help="The rate's window (e.g. 1s, 1m)."
+        ),
+    ] = 1.0,
+) -> None:
+    """Limit a task type (--type) or a queue (--queue) across the whole fleet, in the
+    database. The limit is set as a whole: a part left out is no limit of that kind."""
+    with connection() as conn:
+        limit = ops.set_limit(
+            conn, type=task_type, queue=queue, max_running=max_running, rate=rate, per=per
+        )
+    parts = []
+    if limit.max_running is not None:
+        parts.append(f"at most {limit.max_running} running at once")
+    if limit.rate_limit is not None:
+        parts.append(f"at most {_rate_text(limit)} started")
+    emit(_limit_dict(limit), f"{limit.kind.value} {limit.name!r}: " + ", ".join(parts))
+
+
+@limit_app.command("clear")
+def limit_clear(task_type: LimitType = None, queue: LimitQueue = None) -> None:
+    """Remove the limit on a task type or a queue."""
+    with connection() as conn:
+        removed = ops.clear_limit(conn, type=task_type, queue=queue)
+    kind, name = ("type", task_type) if task_type is not None else ("queue", queue)
+    emit(
+        {"kind": kind, "name": name, "removed": removed},
+        f"{kind} {name!r}: limit removed" if removed else f"{kind} {name!r} had no limit",
+    )
+
+
+@limit_app.command("list")
+def limit_list() -> None:
+    """Every limit, with the tasks running under it and its starts in the rate window."""
+    with connection() as conn:
+        limits = ops.list_limits(conn)
+    human = (
+        table(
+            ["KIND", "NAME", "MAX RUNNING", "RUNNING", "RATE", "STARTS IN WINDOW"],
+            [
+                [
+                    x.kind.value,
+                    x.name,
+                    MISSING if x.max_running is None else x.max_running,
+                    x.running,
+                    _rate_text(x),
+                    MISSING if x.rate_limit is None else x.recent_starts,
+                ]
+                for x in limits
+            ],
+        )
+        if limits
+        else "no limits"
+    )
+    emit([_limit_dict(x) for x in limits], human)
 
 
 @dlq_app.command("list")

@@ -278,12 +278,41 @@ class QueueStats:
 
 @dataclasses.dataclass(frozen=True)
 class QueueState:
-    """A queue's settings: ``paused`` queues are skipped by every worker's claim."""
+    """A queue's settings: ``paused`` queues are skipped by every worker's claim; the
+    retentions (seconds) replace the workers' defaults for this queue where not None."""
 
     name: str
     paused: bool
     paused_at: datetime | None
     updated_at: datetime | None  # None: the queue has never had a setting
+    completed_retention: float | None = None
+    dead_retention: float | None = None
+
+
+class LimitKind(enum.StrEnum):
+    """What a limit applies to: every task of one type, or every task in one queue."""
+
+    TYPE = "type"
+    QUEUE = "queue"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A fleet-wide limit on the tasks of one type or queue, enforced in the database.
+
+    ``max_running``: at most this many run at once across every worker. ``rate_limit`` per
+    ``rate_period`` seconds: at most that many start in any window of that length (a sliding
+    window, not a fixed one). ``running`` and ``recent_starts`` are the current use, as read.
+    """
+
+    kind: LimitKind
+    name: str
+    max_running: int | None
+    rate_limit: int | None
+    rate_period: float | None
+    updated_at: datetime | None = None
+    running: int = 0
+    recent_starts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,8 @@ from pgqueue.models import (
     EnqueueResult,
     FailResult,
     Lease,
+    Limit,
+    LimitKind,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -97,6 +99,39 @@ def check_lease(lease_seconds: float) -> float:
 
 def check_retry_after(retry_after: float | None) -> float | None:
     return None if retry_after is None else check_seconds("retry_after", retry_after, zero_ok=True)
+
+
+MAX_RUNNING = 1_000_000
+MAX_RATE = 10_000  # the sliding log keeps one timestamp per start in the window
+
+
+def limit_target(type: str | None, queue: str | None) -> tuple[LimitKind, str]:
+    """A limit is on one task type or one queue: exactly one of the two names."""
+    if (type is None) == (queue is None):
+        raise ValidationError("type", "give exactly one: a task type or a queue")
+    if type is not None:
+        return LimitKind.TYPE, check_name("type", type)
+    assert queue is not None
+    return LimitKind.QUEUE, check_name("queue", queue)
+
+
+def limit_values(
+    max_running: int | None, rate: int | None, per: float
+) -> tuple[int | None, int | None, float | None]:
+    """Validated (max_running, rate_limit, rate_period); at least one limit must be given."""
+    for field, value, top in (("max_running", max_running, MAX_RUNNING), ("rate", rate, MAX_RATE)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top
+        ):
+            raise ValidationError(field, f"must be an integer from 0 to {top}, not {value!r}")
+    if max_running is None and rate is None:
+        raise ValidationError("max_running", "give max_running, rate, or both")
+    period = check_seconds("per", per) if rate is not None else None
+    return max_running, rate, period
+
+
+def retention_value(field: str, seconds: float | None) -> float | None:
+    return None if seconds is None else check_seconds(field, seconds)
 
 
 def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
@@ -318,6 +353,59 @@ def list_queues(conn: Any) -> list[QueueState]:
     return run(conn, queries.queue_list())
 
 
+def set_queue_retention(
+    conn: Any,
+    /,
+    queue: str,
+    *,
+    completed: float | None = None,
+    dead: float | None = None,
+    now: datetime | None = None,
+) -> QueueState:
+    """Keep this queue's completed and cancelled tasks ``completed`` seconds, and its dead
+    letters ``dead`` seconds, instead of the workers' defaults (None: the default). Both are
+    set at once; pruning applies them from its next round on, to tasks already finished too."""
+    op = queries.queue_set_retention(
+        check_name("queue", queue),
+        retention_value("completed", completed),
+        retention_value("dead", dead),
+        now,
+    )
+    return run(conn, op)
+
+
+def set_limit(
+    conn: Any,
+    /,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    max_running: int | None = None,
+    rate: int | None = None,
+    per: float = 1.0,
+    now: datetime | None = None,
+) -> Limit:
+    """Limit the tasks of one ``type`` (or one ``queue``) across every worker: at most
+    ``max_running`` at once, at most ``rate`` starts in any ``per``-second window, or both.
+    The limit is set as a whole (a part left None is no limit of that kind) and is enforced
+    in the database, so it holds however many worker processes and hosts run; claims obey it
+    from the next one on. 0 stops the tasks without pausing the queue."""
+    kind, name = limit_target(type, queue)
+    op = queries.limit_set(kind, name, *limit_values(max_running, rate, per), now)
+    return run(conn, op)
+
+
+def clear_limit(conn: Any, /, *, type: str | None = None, queue: str | None = None) -> bool:
+    """Remove the limit on a type or queue (its tasks are claimed as any others); whether
+    there was one."""
+    return run(conn, queries.limit_clear(*limit_target(type, queue)))
+
+
+def list_limits(conn: Any, /, *, now: datetime | None = None) -> list[Limit]:
+    """Every limit, with the tasks running under it and its starts in the rate window."""
+    return run(conn, queries.limit_list(now))
+
+
 def throughput(
     conn: Any, /, *, window_seconds: float = 60, now: datetime | None = None
 ) -> list[QueueThroughput]:
@@ -340,18 +428,17 @@ def claim(
 ) -> list[ClaimedTask]:
     """Claim up to ``limit`` ready tasks: marks them running, counts the attempt, sets a lease.
 
-    Commit promptly: the claim's row locks are held until the transaction ends.
+    Commit promptly: the claim's row locks (and, when limits exist, the limits lock) are held
+    until the transaction ends. Tasks under a limit (:func:`set_limit`) are claimed within it.
     """
-    return run(
-        conn,
-        queries.task_claim(
-            queues=list(queues),
-            limit=check_limit(limit),
-            owner=worker_id,
-            lease_seconds=check_lease(lease_seconds),
-            now=now,
-        ),
+    op = queries.claim_round(
+        queues=list(queues),
+        limit=check_limit(limit),
+        owner=worker_id,
+        lease_seconds=check_lease(lease_seconds),
+        now=now,
     )
+    return run(conn, op, atomic=True)[0]
 
 
 def complete(

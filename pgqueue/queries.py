@@ -30,6 +30,8 @@ from pgqueue.models import (
     FailOutcome,
     FailResult,
     Lease,
+    Limit,
+    LimitKind,
     Priority,
     QueueState,
     QueueStats,
@@ -383,6 +385,7 @@ def task_claim(
     lease_seconds: float,
     now: datetime | None = None,
 ) -> Op[list[ClaimedTask]]:
+    """The ordinary claim: tasks no limit covers (see claim_round for the rest)."""
     rows = yield Query(
         "task_claim",
         {
@@ -393,6 +396,35 @@ def task_claim(
             "now": now,
         },
     )
+    return _claimed(rows)
+
+
+def claim_round(
+    *,
+    queues: Sequence[str],
+    limit: int,
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> Op[tuple[list[ClaimedTask], bool]]:
+    """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
+    whether any limit exists. Run it atomic: the limits lock lasts until commit.
+
+    Limited tasks go first: they are rationed, so they take few of the slots, and claiming
+    them after the ordinary ones would starve them whenever ordinary work fills every batch.
+    """
+    params = {"queues": list(queues), "owner": owner, "lease_seconds": lease_seconds, "now": now}
+    lock = yield Query("limits_try_lock", {})
+    limited: list[Row] = []
+    if lock[0]["locked"]:
+        limited = yield Query("task_claim_limited", {**params, "limit": limit})
+    rows = limited
+    if len(limited) < limit:
+        rows = limited + (yield Query("task_claim", {**params, "limit": limit - len(limited)}))
+    return _claimed(rows), lock[0]["locked"] is not None
+
+
+def _claimed(rows: list[Row]) -> list[ClaimedTask]:
     tasks = [
         ClaimedTask(
             id=r["id"],
@@ -672,6 +704,63 @@ def queue_resume(name: str, now: datetime | None = None) -> Op[QueueState]:
 def queue_list() -> Op[list[QueueState]]:
     rows = yield Query("queue_list", {})
     return [QueueState(**r) for r in rows]
+
+
+def queue_set_retention(
+    name: str,
+    completed_retention: float | None,
+    dead_retention: float | None,
+    now: datetime | None = None,
+) -> Op[QueueState]:
+    rows = yield Query(
+        "queue_set_retention",
+        {
+            "name": name,
+            "completed_retention": completed_retention,
+            "dead_retention": dead_retention,
+            "now": now,
+        },
+    )
+    return QueueState(**rows[0])
+
+
+def _limit(row: Row) -> Limit:
+    row = dict(row)
+    row.pop("notified", None)
+    return Limit(**{**row, "kind": LimitKind(row["kind"])})
+
+
+def limit_set(
+    kind: LimitKind,
+    name: str,
+    max_running: int | None,
+    rate_limit: int | None,
+    rate_period: float | None,
+    now: datetime | None = None,
+) -> Op[Limit]:
+    rows = yield Query(
+        "limit_set",
+        {
+            "kind": kind.value,
+            "name": name,
+            "max_running": max_running,
+            "rate_limit": rate_limit,
+            "rate_period": rate_period,
+            "now": now,
+        },
+    )
+    return _limit(rows[0])
+
+
+def limit_clear(kind: LimitKind, name: str) -> Op[bool]:
+    """Remove a limit; whether there was one."""
+    rows = yield Query("limit_clear", {"kind": kind.value, "name": name})
+    return bool(rows)
+
+
+def limit_list(now: datetime | None = None) -> Op[list[Limit]]:
+    rows = yield Query("limit_list", {"now": now})
+    return [_limit(r) for r in rows]
 
 
 def queue_throughput(

@@ -54,12 +54,15 @@ from pgqueue.executor import (
 from pgqueue.log import event, logger
 from pgqueue.maintenance import Maintenance, MaintenanceConfig
 from pgqueue.models import ClaimedTask, EnqueueResult, FailOutcome, Lease
-from pgqueue.queries import arun, task_complete_many
+from pgqueue.queries import arun, claim_round, task_claim, task_complete_many
 from pgqueue.registry import TaskRegistry
 
 T = TypeVar("T")
 
 RETRYABLE = (psycopg.OperationalError, psycopg.errors.AdminShutdown, DatabaseUnavailable)
+# A worker that saw no limits takes the one-statement claim, and looks for limits again this
+# often (a worker that saw some looks at every claim).
+LIMITS_RECHECK_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -148,6 +151,8 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._force_requested = asyncio.Event()
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._limited = False  # whether pgqueue.limits had rows at the last look
+        self._limits_checked = -LIMITS_RECHECK_SECONDS
         self._handler_pool: AsyncConnectionPool[Any] | None = None
         self._sync_handler_pool: ConnectionPool[Any] | None = None
         self._threads: DaemonThreadPool | None = None
@@ -383,13 +388,7 @@ class Worker:
             want = min(free, cfg.max_claim_batch)
             self._wake.clear()  # before the claim, so a NOTIFY during it is not missed
             claimed = await self._with_db(
-                lambda c: aio.claim(
-                    c,
-                    cfg.queues,
-                    limit=want,  # noqa: B023 - awaited in this iteration
-                    worker_id=cfg.worker_id,
-                    lease_seconds=cfg.lease_seconds,
-                ),
+                lambda c: self._claim(c, want),  # noqa: B023 - awaited in this iteration
                 attempts=1,
             )
             if claimed is None:  # database trouble: back off a little, then poll again
@@ -402,6 +401,32 @@ class Worker:
             if len(claimed) == want:
                 continue  # probably more waiting
             await self._sleep_or_wake(cfg.poll_interval * random.uniform(0.8, 1.2))
+
+    async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
+        """One claim. Where limits exist (pgqueue.limits), the claim that honours them, in a
+        transaction of its own. Where none did at the last look, the ordinary claim alone, one
+        statement: it leaves limited tasks alone anyway, so a limit set since then is never
+        broken, only its tasks wait until the next look (LIMITS_RECHECK_SECONDS at most)."""
+        cfg = self.config
+        now = time.monotonic()
+        if not self._limited and now - self._limits_checked < LIMITS_RECHECK_SECONDS:
+            op = task_claim(
+                queues=cfg.queues, limit=want, owner=cfg.worker_id, lease_seconds=cfg.lease_seconds
+            )
+            return await arun(conn, op)
+        round_ = claim_round(
+            queues=cfg.queues, limit=want, owner=cfg.worker_id, lease_seconds=cfg.lease_seconds
+        )
+        claimed, self._limited = await arun(conn, round_, atomic=True)
+        self._limits_checked = now
+        return claimed
+
+    def _slots_changed(self) -> None:
+        """A slot of ours freed: the claimer may claim again, and with limits in play the
+        freed slot may be a limit's, which no notification announces: look at once."""
+        self._slot_freed.set()
+        if self._limited:
+            self._wake.set()
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -462,7 +487,7 @@ class Worker:
             )
         finally:
             self._running.pop(task.id, None)
-            self._slot_freed.set()
+            self._slots_changed()
 
     async def _record(self, running: _Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx
@@ -573,7 +598,7 @@ class Worker:
                             note="completed, but the lease was lost first; the task runs again",
                         )
             self._pending_ready.clear()
-            self._slot_freed.set()  # the claimer may be waiting for completions to drain
+            self._slots_changed()  # the claimer may be waiting for completions to drain
 
     # --- heartbeats and notifications ------------------------------------------------------
 
@@ -632,7 +657,7 @@ class Worker:
                     self._wake.set()  # anything sent while we were deaf is lost: look now
                     delay = 0.2
                     async for note in conn.notifies():
-                        if note.payload in self._queues:
+                        if note.payload in self._queues or note.payload == "*":
                             self._wake.set()
             except psycopg.Error as exc:
                 event(

@@ -24,13 +24,19 @@ GRANT USAGE ON SCHEMA pgqueue TO :"app_role";
 -- retention pruning. Not TRUNCATE, REFERENCES or TRIGGER.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
 
--- Per-queue settings. SELECT: every claim checks whether its queues are paused. INSERT and
--- UPDATE: pausing and resuming (`pgqueue queue pause`, the API), an upsert. Not DELETE.
+-- Per-queue settings. SELECT: every claim checks whether its queues are paused, and pruning
+-- reads their retention. INSERT and UPDATE: pausing, resuming and setting retention (`pgqueue
+-- queue`, the API), an upsert. Not DELETE.
 GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.queues TO :"app_role";
 
 -- Periodic tasks. INSERT and UPDATE: workers upsert their schedules and move each one's last
 -- tick (under a row lock: the once-per-tick fence). SELECT: `pgqueue schedules`. Not DELETE.
 GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.schedules TO :"app_role";
+
+-- Limits per type or queue. SELECT: every claim. UPDATE: a claim appends to a rate limit's
+-- log of recent starts. INSERT and DELETE: setting and removing limits (`pgqueue limit`, the
+-- API), which an application may do at run time (say, to throttle a struggling downstream).
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.limits TO :"app_role";
 
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.

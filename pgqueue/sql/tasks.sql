@@ -98,20 +98,29 @@ SELECT * FROM pgqueue.tasks
 -- by its own LATERAL walk of the claim index, whose order is (queue, priority, created_at):
 -- `queue = ANY(...)` would instead read and sort the whole backlog on every claim (27 ms at
 -- 60,000 tasks, growing with the backlog). The few rows per queue are then merged. A paused
--- queue (pgqueue.queues, one primary-key probe per queue) is skipped. Each claim counts an
--- attempt and issues a fresh lease token, so a previous holder's writes are fenced.
+-- queue (pgqueue.queues, one primary-key probe per queue) is skipped. Tasks under a limit
+-- (pgqueue.limits: their type or their queue has one) are left to task_claim_limited. Each
+-- claim counts an attempt and issues a fresh lease token, so a previous holder's writes are
+-- fenced.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+limited AS (
+    SELECT coalesce(array_agg(name) FILTER (WHERE kind = 'type'), '{}') AS types,
+           coalesce(array_agg(name) FILTER (WHERE kind = 'queue'), '{}') AS queues
+      FROM pgqueue.limits
+),
 next AS (
     SELECT c.id
-      FROM clock, unnest(%(queues)s::text[]) AS q(name)
+      FROM clock, limited, unnest(%(queues)s::text[]) AS q(name)
      CROSS JOIN LATERAL (
            SELECT id, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
+              AND type <> ALL(limited.types)
             ORDER BY priority, created_at, id
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED
            ) AS c
      WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
+       AND q.name <> ALL(limited.queues)
      ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 )
@@ -126,6 +135,111 @@ UPDATE pgqueue.tasks AS t
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
           t.lease_token, t.lease_expires_at, t.created_at;
+
+-- name: limits_try_lock
+-- Tasks under a limit are claimed by one claimer at a time, fleet-wide: whoever gets this
+-- transaction-level lock (released at commit) counts what runs and what started, then claims
+-- within the limits; the others skip limited tasks this round instead of waiting. NULL: there
+-- are no limits (the lock is not taken). The key is hashtext('pgqueue.limits').
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pgqueue.limits)
+            THEN pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) END AS locked;
+
+-- name: task_claim_limited
+-- Claim tasks under a limit, after limits_try_lock, in the same transaction: this statement's
+-- snapshot is taken after the lock, so it sees every claim the previous holder committed.
+-- room: how many more each limit allows now, the least of its free slots (max_running minus
+-- the tasks of its type or queue running now, expired leases included until swept) and the
+-- starts left in its sliding window (recent_starts). Then, per queue served, the first tasks
+-- in claim order that some open limit covers and no full one blocks; each limit's share is
+-- cut to its room by rank; what is claimed is appended to the rate limits' logs.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+running AS MATERIALIZED (
+    SELECT type, queue FROM pgqueue.tasks WHERE status = 'running'
+),
+room AS MATERIALIZED (
+    SELECT l.kind, l.name,
+           least(l.max_running - (SELECT count(*) FROM running AS r
+                                   WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
+                                         = l.name),
+                 l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
+                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'),
+                 %(limit)s) AS room
+      FROM pgqueue.limits AS l, clock
+),
+kinds AS (
+    SELECT coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND room > 0), '{}') AS open_types,
+           coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND room <= 0), '{}') AS full_types,
+           coalesce(array_agg(name) FILTER (WHERE kind = 'queue' AND room > 0), '{}') AS open_queues,
+           coalesce(array_agg(name) FILTER (WHERE kind = 'queue'), '{}') AS limited_queues
+      FROM room
+),
+candidates AS (
+    SELECT c.*
+      FROM clock, kinds, unnest(%(queues)s::text[]) AS q(name)
+     CROSS JOIN LATERAL (
+           SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
+              AND CASE WHEN q.name = ANY(kinds.limited_queues)
+                       THEN type <> ALL(kinds.full_types)
+                       ELSE type = ANY(kinds.open_types) END
+            ORDER BY priority, created_at, id
+            LIMIT %(limit)s
+           ) AS c
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
+       AND (q.name <> ALL(kinds.limited_queues) OR q.name = ANY(kinds.open_queues))
+),
+ranked AS (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY c.type ORDER BY c.priority, c.created_at, c.id)
+               AS nth_of_type,
+           row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.created_at, c.id)
+               AS nth_of_queue
+      FROM candidates AS c
+),
+chosen AS (
+    SELECT r.id, r.priority, r.created_at
+      FROM ranked AS r
+      LEFT JOIN room AS by_type ON by_type.kind = 'type' AND by_type.name = r.type
+      LEFT JOIN room AS by_queue ON by_queue.kind = 'queue' AND by_queue.name = r.queue
+     WHERE (by_type.name IS NULL OR r.nth_of_type <= by_type.room)
+       AND (by_queue.name IS NULL OR r.nth_of_queue <= by_queue.room)
+     ORDER BY r.priority, r.created_at, r.id
+     LIMIT %(limit)s
+),
+locked AS (
+    -- Only the lock holder claims these tasks, but a cancel may hold one: skip it.
+    SELECT t.id FROM pgqueue.tasks AS t JOIN chosen USING (id)
+     WHERE t.status = 'queued'
+       FOR UPDATE OF t SKIP LOCKED
+),
+claimed AS (
+    UPDATE pgqueue.tasks AS t
+       SET status = 'running',
+           attempts = t.attempts + 1,
+           lease_owner = %(owner)s,
+           lease_token = gen_random_uuid(),
+           lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
+           started_at = clock.now
+      FROM locked, clock
+     WHERE t.id = locked.id
+    RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
+              t.lease_token, t.lease_expires_at, t.created_at
+),
+started AS (
+    SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
+    UNION ALL
+    SELECT 'queue', queue, count(*) FROM claimed GROUP BY queue
+),
+logged AS (
+    UPDATE pgqueue.limits AS l
+       SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
+                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'
+                                  ORDER BY s.at)
+                           || array_fill(clock.now, ARRAY[started.n::integer])
+      FROM started, clock
+     WHERE l.kind = started.kind AND l.name = started.name AND l.rate_limit IS NOT NULL
+)
+SELECT * FROM claimed;
 
 -- name: task_complete
 -- Record results for many tasks at once, each only where the caller still holds the lease.
@@ -250,7 +364,9 @@ UPDATE pgqueue.tasks AS t
 RETURNING t.*;
 
 -- name: task_replay
--- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time.
+-- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:
+-- queue by queue, oldest first within each (the order of tasks_retention_idx, so a batch
+-- never sorts the whole dead-letter queue).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 picked AS (
     SELECT id FROM pgqueue.tasks
@@ -258,7 +374,7 @@ picked AS (
        AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
        AND (%(type)s::text IS NULL OR type = %(type)s)
        AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-     ORDER BY finished_at
+     ORDER BY queue, finished_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
 )
@@ -322,19 +438,40 @@ UPDATE pgqueue.tasks AS t
 RETURNING t.id, t.queue, t.type, t.priority;
 
 -- name: task_prune
--- Delete finished tasks of one status older than their retention, oldest first, in bounded
--- batches so no statement holds many locks or writes one huge transaction. One status and
--- the ORDER BY make it a range scan of the finished index: without them the planner may bet
--- on a sequential scan finding enough rows early, and read the whole table every batch.
--- Idempotency keys go with their task.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- Delete finished tasks of one status older than their queue's retention (pgqueue.queues, or
+-- older_than_seconds where the queue has none), oldest first, in bounded batches so no
+-- statement holds many locks or writes one huge transaction. Each queue (found by a loose
+-- walk of tasks_retention_idx) is read as a range of that index, (status, queue, finished_at)
+-- up to its own cutoff, so a queue kept for a month is never re-read to prune one kept for a
+-- day. Idempotency keys go with their task.
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+finished AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = %(status)s) AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = %(status)s AND queue > f.name)
+      FROM finished AS f
+     WHERE f.name IS NOT NULL
+),
+cutoffs AS (
+    SELECT f.name,
+           clock.now - coalesce(CASE WHEN %(status)s = 'failed' THEN s.dead_retention
+                                     ELSE s.completed_retention END,
+                                %(older_than_seconds)s) * interval '1 second' AS cutoff
+      FROM finished AS f CROSS JOIN clock
+      LEFT JOIN pgqueue.queues AS s ON s.name = f.name
+     WHERE f.name IS NOT NULL
+),
 doomed AS (
-    SELECT id FROM pgqueue.tasks, clock
-     WHERE status = %(status)s
-       AND finished_at < clock.now - %(older_than_seconds)s * interval '1 second'
-     ORDER BY finished_at
+    SELECT d.id
+      FROM cutoffs
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE status = %(status)s AND queue = cutoffs.name AND finished_at < cutoffs.cutoff
+            ORDER BY finished_at
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED
+           ) AS d
      LIMIT %(limit)s
-     FOR UPDATE OF tasks SKIP LOCKED
 )
 DELETE FROM pgqueue.tasks AS t USING doomed WHERE t.id = doomed.id
 RETURNING t.id;
@@ -349,7 +486,7 @@ ON CONFLICT (name) DO UPDATE
    SET paused = true,
        paused_at = coalesce(q.paused_at, excluded.paused_at),
        updated_at = excluded.updated_at
-RETURNING name, paused, paused_at, updated_at;
+RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retention;
 
 -- name: queue_resume
 -- Resume a queue and wake idle workers at once (on commit), instead of at their next poll.
@@ -358,7 +495,7 @@ WITH resumed AS (
     VALUES (%(name)s, false, NULL, coalesce(%(now)s::timestamptz, now()))
     ON CONFLICT (name) DO UPDATE
        SET paused = false, paused_at = NULL, updated_at = excluded.updated_at
-    RETURNING name, paused, paused_at, updated_at
+    RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retention
 )
 SELECT resumed.*, pg_notify('pgqueue', resumed.name) IS NULL AS notified FROM resumed;
 
@@ -374,12 +511,63 @@ WITH RECURSIVE backlog AS (
       FROM backlog AS b
      WHERE b.name IS NOT NULL
 )
-SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at
+SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at,
+       q.completed_retention, q.dead_retention
   FROM (SELECT name FROM backlog WHERE name IS NOT NULL
         UNION SELECT queue FROM pgqueue.tasks WHERE status = 'running'
         UNION SELECT name FROM pgqueue.queues) AS n
   LEFT JOIN pgqueue.queues AS q USING (name)
  ORDER BY n.name;
+
+-- name: queue_set_retention
+-- A queue's retention (seconds; NULL: the worker's default), both at once. Pruning reads it
+-- at every batch, so it applies from the next prune round on, to tasks already finished too.
+INSERT INTO pgqueue.queues AS q (name, completed_retention, dead_retention, updated_at)
+VALUES (%(name)s, %(completed_retention)s, %(dead_retention)s,
+        coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO UPDATE
+   SET completed_retention = excluded.completed_retention,
+       dead_retention = excluded.dead_retention,
+       updated_at = excluded.updated_at
+RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retention;
+
+-- name: limit_set
+-- Set a limit as a whole (a NULL part is no limit of that kind). Claims obey it from the next
+-- one on; the sliding log of recent starts is kept, so lowering a rate takes effect at once.
+-- Wakes idle workers, since a raised limit may free tasks for them.
+WITH saved AS (
+    INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period, updated_at)
+    VALUES (%(kind)s, %(name)s, %(max_running)s, %(rate_limit)s, %(rate_period)s,
+            coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (kind, name) DO UPDATE
+       SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+           rate_period = excluded.rate_period, updated_at = excluded.updated_at
+    RETURNING kind, name, max_running, rate_limit, rate_period, updated_at
+)
+SELECT saved.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM saved;
+
+-- name: limit_clear
+-- Remove a limit: its tasks go back to the ordinary claim. Wakes idle workers.
+WITH removed AS (
+    DELETE FROM pgqueue.limits WHERE kind = %(kind)s AND name = %(name)s
+    RETURNING kind, name
+)
+SELECT removed.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM removed;
+
+-- name: limit_list
+-- Every limit with what it is using now: tasks running under it (expired leases included
+-- until swept) and starts within its rate window.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+running AS MATERIALIZED (
+    SELECT type, queue FROM pgqueue.tasks WHERE status = 'running'
+)
+SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.updated_at,
+       (SELECT count(*) FROM running AS r
+         WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name) AS running,
+       (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
+         WHERE s.at > clock.now - l.rate_period * interval '1 second') AS recent_starts
+  FROM pgqueue.limits AS l, clock
+ ORDER BY l.kind, l.name;
 
 -- name: schedule_lock
 -- Upsert a schedule's definition and lock its row: concurrent schedulers (every worker may run
@@ -410,17 +598,41 @@ SELECT queue, priority, status, tasks, ready, scheduled,
 
 -- name: queue_throughput
 -- Tasks of each queue that finished within the window ending now: completed, and
--- dead-lettered (failed). The status condition lets tasks_finished_idx serve it; cancelled
--- tasks are not counted, so a queue with only cancellations in the window has no row.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
-SELECT queue,
-       count(*) FILTER (WHERE status = 'completed') AS completed,
-       count(*) FILTER (WHERE status = 'failed') AS failed
-  FROM pgqueue.tasks, clock
- WHERE status IN ('completed', 'failed')
-   AND finished_at >= clock.now - %(window_seconds)s * interval '1 second'
-   AND finished_at <= clock.now
- GROUP BY queue
+-- dead-lettered (failed). Each queue with finished tasks (a loose walk of tasks_retention_idx
+-- per status) is counted as a range of that index, so the cost is the window's tasks, not the
+-- 24 h kept. Cancelled tasks are not counted: a queue with only cancellations in the window
+-- has no row.
+WITH RECURSIVE clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           coalesce(%(now)s::timestamptz, now()) - %(window_seconds)s * interval '1 second' AS since
+),
+done AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed' AND queue > d.name)
+      FROM done AS d
+     WHERE d.name IS NOT NULL
+),
+dead AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed' AND queue > d.name)
+      FROM dead AS d
+     WHERE d.name IS NOT NULL
+),
+counted AS (
+    SELECT q.name AS queue,
+           (SELECT count(*) FROM pgqueue.tasks
+             WHERE status = 'completed' AND queue = q.name
+               AND finished_at >= clock.since AND finished_at <= clock.now) AS completed,
+           (SELECT count(*) FROM pgqueue.tasks
+             WHERE status = 'failed' AND queue = q.name
+               AND finished_at >= clock.since AND finished_at <= clock.now) AS failed
+      FROM clock, (SELECT name FROM done UNION SELECT name FROM dead) AS q
+     WHERE q.name IS NOT NULL
+)
+SELECT queue, completed, failed FROM counted
+ WHERE completed > 0 OR failed > 0
  ORDER BY queue;
 
 -- name: schema_version

@@ -1064,6 +1064,10 @@ PROTECTED = [
     ("GET", "/api/v1/schedules", None, None, 200),
     ("POST", "/api/v1/queues/{name}/pause", None, None, 200),
     ("POST", "/api/v1/queues/{name}/resume", None, None, 200),
+    ("PUT", "/api/v1/queues/{name}/retention", None, {"completed_seconds": 3600}, 200),
+    ("GET", "/api/v1/limits", None, None, 200),
+    ("PUT", "/api/v1/limits/{kind}/{name}", None, {"max_running": 1000}, 200),
+    ("DELETE", "/api/v1/limits/{kind}/{name}", None, None, 200),
     ("GET", "/metrics", None, None, 200),
 ]
 
@@ -1078,7 +1082,9 @@ def call_protected(client: httpx.Client, ids: dict[str, uuid.UUID], **options: A
     """Call every protected endpoint once; no response may show a token."""
     responses = []
     for method, route, which, body, _ in PROTECTED:
-        path = route.format(task_id=ids[which] if which else None, name="auth-queue")
+        path = route.format(
+            task_id=ids[which] if which else None, name="auth-queue", kind="type"
+        )
         response = client.request(method, path, json=body, **options)
         for token in (TOKEN, OTHER_TOKEN):
             assert token not in response.text and token not in str(response.headers)
@@ -1451,6 +1457,9 @@ def test_openapi_lists_every_path_and_the_documented_status_codes(shared_client)
         "/api/v1/schedules",
         "/api/v1/queues/{name}/pause",
         "/api/v1/queues/{name}/resume",
+        "/api/v1/queues/{name}/retention",
+        "/api/v1/limits",
+        "/api/v1/limits/{kind}/{name}",
     }
     assert {"200", "202", "400", "401", "413", "422", "503"} <= set(
         paths["/api/v1/tasks"]["post"]["responses"]

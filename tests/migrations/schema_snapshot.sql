@@ -6,7 +6,24 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0003_schedules
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0004_limits_retention
+
+CREATE TABLE pgqueue.limits (
+    kind text NOT NULL,
+    name text NOT NULL,
+    max_running integer,
+    rate_limit integer,
+    rate_period double precision,
+    recent_starts timestamp with time zone[] NOT NULL DEFAULT '{}'::timestamp with time zone[],
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_kind_check CHECK ((kind = ANY (ARRAY['type'::text, 'queue'::text])));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_max_running_check CHECK ((max_running >= 0));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_pkey PRIMARY KEY (kind, name);
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_rate_check CHECK ((((rate_limit IS NULL) = (rate_period IS NULL)) AND ((rate_limit >= 0) AND (rate_limit <= 10000)) AND (rate_period > (0)::double precision)));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_some_check CHECK (((max_running IS NOT NULL) OR (rate_limit IS NOT NULL)));
+CREATE UNIQUE INDEX limits_pkey ON pgqueue.limits USING btree (kind, name);
 
 CREATE TABLE pgqueue.pgqueue_alembic_version (
     version_num character varying(32) NOT NULL
@@ -18,11 +35,14 @@ CREATE TABLE pgqueue.queues (
     name text NOT NULL,
     paused boolean NOT NULL DEFAULT false,
     paused_at timestamp with time zone,
-    updated_at timestamp with time zone NOT NULL DEFAULT now()
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    completed_retention double precision,
+    dead_retention double precision
 );
 ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
 ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_paused_at_check CHECK ((paused = (paused_at IS NOT NULL)));
 ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+ALTER TABLE pgqueue.queues ADD CONSTRAINT queues_retention_check CHECK (((completed_retention > (0)::double precision) AND (dead_retention > (0)::double precision)));
 CREATE UNIQUE INDEX queues_pkey ON pgqueue.queues USING btree (name);
 
 CREATE TABLE pgqueue.schedules (
@@ -73,10 +93,10 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
 CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
-CREATE INDEX tasks_finished_idx ON pgqueue.tasks USING btree (status, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
+CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 
 -- pgqueue.dead_letters reads pgqueue.tasks: attempts, created_at, finished_at, id, idempotency_key, last_error, max_attempts, payload, priority, queue, status, type
 CREATE VIEW pgqueue.dead_letters (
