@@ -864,7 +864,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             resumed = await aio.resume_queue(conn, name)
         return QueueOut(**dataclasses.asdict(resumed))
 
-    @api.put("/queues/{name}/retention", response_model=QueueOut, responses=_responses(*COMMON))
+    @api.put(
+        "/queues/{name}/retention", response_model=QueueOut, responses=_responses(400, *COMMON)
+    )
     async def set_queue_retention(name: str, body: RetentionIn) -> QueueOut:
         """How long this queue's finished tasks are kept, in place of the workers' defaults;
         pruning applies it from its next round on."""
@@ -881,7 +883,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             limits = await aio.list_limits(conn)
         return [LimitOut.of(x) for x in limits]
 
-    @api.put("/limits/{kind}/{name}", response_model=LimitOut, responses=_responses(*COMMON))
+    @api.put("/limits/{kind}/{name}", response_model=LimitOut, responses=_responses(400, *COMMON))
     async def set_limit(kind: Literal["type", "queue"], name: str, body: LimitIn) -> LimitOut:
         """Limit a task type or a queue across every worker: at most ``max_running`` at once
         and at most ``rate`` starts in any ``per_seconds`` window."""

@@ -4,11 +4,13 @@ Revision ID: 0004_limits_retention
 Revises: 0003_schedules
 Create Date: 2026-12-01
 
-On a large table, build the new index first without blocking writes (the migration then
-finds it and only drops the old one, which takes a moment):
+On a large table, build the new indexes first without blocking writes (the migration then
+finds them and only drops the old index, which takes a moment):
 
     CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_retention_idx ON pgqueue.tasks
         (status, queue, finished_at) WHERE status IN ('completed', 'failed', 'cancelled');
+    CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_claim_type_idx ON pgqueue.tasks
+        (type, queue, priority, created_at, id) WHERE status = 'queued';
 """
 
 from alembic import op
@@ -60,6 +62,12 @@ def upgrade() -> None:
         ON pgqueue.tasks (status, queue, finished_at)
         WHERE status IN ('completed', 'failed', 'cancelled');
     DROP INDEX pgqueue.tasks_finished_idx;
+
+    -- The claim of tasks under a type limit reads that type's waiting tasks in claim order,
+    -- per queue. Without it, it would walk the whole queue past every other type's tasks to
+    -- find them (or to find there are none). Partial, like tasks_claim_idx: waiting rows only.
+    CREATE INDEX IF NOT EXISTS tasks_claim_type_idx
+        ON pgqueue.tasks (type, queue, priority, created_at, id) WHERE status = 'queued';
     """)
 
 
@@ -69,6 +77,7 @@ def downgrade() -> None:
         ON pgqueue.tasks (status, finished_at)
         WHERE status IN ('completed', 'failed', 'cancelled');
     DROP INDEX pgqueue.tasks_retention_idx;
+    DROP INDEX pgqueue.tasks_claim_type_idx;
     ALTER TABLE pgqueue.queues
         DROP CONSTRAINT queues_retention_check,
         DROP COLUMN completed_retention,

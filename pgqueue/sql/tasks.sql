@@ -102,25 +102,25 @@ SELECT * FROM pgqueue.tasks
 -- (pgqueue.limits: their type or their queue has one) are left to task_claim_limited. Each
 -- claim counts an attempt and issues a fresh lease token, so a previous holder's writes are
 -- fenced.
+-- The limits are probed by primary key (NOT EXISTS), not compared with an array of their
+-- names: for `type <> ALL(array)` the planner guesses that almost no task passes, and then
+-- reads and sorts the whole backlog instead of walking the index.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-limited AS (
-    SELECT coalesce(array_agg(name) FILTER (WHERE kind = 'type'), '{}') AS types,
-           coalesce(array_agg(name) FILTER (WHERE kind = 'queue'), '{}') AS queues
-      FROM pgqueue.limits
-),
 next AS (
     SELECT c.id
-      FROM clock, limited, unnest(%(queues)s::text[]) AS q(name)
+      FROM clock, unnest(%(queues)s::text[]) AS q(name)
      CROSS JOIN LATERAL (
            SELECT id, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
-              AND type <> ALL(limited.types)
+              AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
+                               WHERE l.kind = 'type' AND l.name = tasks.type)
             ORDER BY priority, created_at, id
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED
            ) AS c
      WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
-       AND q.name <> ALL(limited.queues)
+       AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
+                        WHERE l.kind = 'queue' AND l.name = q.name)
      ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 )
@@ -166,44 +166,60 @@ room AS MATERIALIZED (
                  %(limit)s) AS room
       FROM pgqueue.limits AS l, clock
 ),
-kinds AS (
-    SELECT coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND room > 0), '{}') AS open_types,
-           coalesce(array_agg(name) FILTER (WHERE kind = 'type' AND room <= 0), '{}') AS full_types,
-           coalesce(array_agg(name) FILTER (WHERE kind = 'queue' AND room > 0), '{}') AS open_queues,
-           coalesce(array_agg(name) FILTER (WHERE kind = 'queue'), '{}') AS limited_queues
-      FROM room
+served AS (
+    -- The queues this claimer serves that are not paused, and whether each has a limit.
+    SELECT q.name, ql.room AS queue_room
+      FROM unnest(%(queues)s::text[]) AS q(name)
+      LEFT JOIN room AS ql ON ql.kind = 'queue' AND ql.name = q.name
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
 ),
 candidates AS (
+    -- A limited queue with room: its first tasks in claim order (tasks_claim_idx), but for
+    -- types whose own limit is full. A whole batch of them, not just the queue's room: the
+    -- tasks of a type with a limit of its own may be cut to that type's room below.
     SELECT c.*
-      FROM clock, kinds, unnest(%(queues)s::text[]) AS q(name)
+      FROM clock, served
      CROSS JOIN LATERAL (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
-            WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
-              AND CASE WHEN q.name = ANY(kinds.limited_queues)
-                       THEN type <> ALL(kinds.full_types)
-                       ELSE type = ANY(kinds.open_types) END
+            WHERE status = 'queued' AND queue = served.name AND visible_after <= clock.now
+              AND NOT EXISTS (SELECT 1 FROM room AS full_type
+                               WHERE full_type.kind = 'type' AND full_type.name = tasks.type
+                                 AND full_type.room <= 0)
             ORDER BY priority, created_at, id
             LIMIT %(limit)s
            ) AS c
-     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
-       AND (q.name <> ALL(kinds.limited_queues) OR q.name = ANY(kinds.open_queues))
+     WHERE served.queue_room > 0
+    UNION ALL
+    -- A limited type with room, in each served queue without a limit of its own: its first
+    -- tasks there, read from tasks_claim_type_idx (type, queue, priority, created_at).
+    SELECT c.*
+      FROM clock, served, room AS open_type
+     CROSS JOIN LATERAL (
+           SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND type = open_type.name AND queue = served.name
+              AND visible_after <= clock.now
+            ORDER BY priority, created_at, id
+            LIMIT open_type.room
+           ) AS c
+     WHERE served.queue_room IS NULL AND open_type.kind = 'type' AND open_type.room > 0
 ),
-ranked AS (
-    SELECT c.*,
-           row_number() OVER (PARTITION BY c.type ORDER BY c.priority, c.created_at, c.id)
-               AS nth_of_type,
-           row_number() OVER (PARTITION BY c.queue ORDER BY c.priority, c.created_at, c.id)
-               AS nth_of_queue
-      FROM candidates AS c
+by_type AS (
+    -- Each type's share, cut to its room; then each queue's share of what is left.
+    SELECT c.*
+      FROM (SELECT c.*, row_number() OVER (PARTITION BY c.type
+                                           ORDER BY c.priority, c.created_at, c.id) AS nth
+              FROM candidates AS c) AS c
+      LEFT JOIN room ON room.kind = 'type' AND room.name = c.type
+     WHERE room.name IS NULL OR c.nth <= room.room
 ),
 chosen AS (
-    SELECT r.id, r.priority, r.created_at
-      FROM ranked AS r
-      LEFT JOIN room AS by_type ON by_type.kind = 'type' AND by_type.name = r.type
-      LEFT JOIN room AS by_queue ON by_queue.kind = 'queue' AND by_queue.name = r.queue
-     WHERE (by_type.name IS NULL OR r.nth_of_type <= by_type.room)
-       AND (by_queue.name IS NULL OR r.nth_of_queue <= by_queue.room)
-     ORDER BY r.priority, r.created_at, r.id
+    SELECT c.id, c.priority, c.created_at
+      FROM (SELECT c.*, row_number() OVER (PARTITION BY c.queue
+                                           ORDER BY c.priority, c.created_at, c.id) AS nth_q
+              FROM by_type AS c) AS c
+      LEFT JOIN room ON room.kind = 'queue' AND room.name = c.queue
+     WHERE room.name IS NULL OR c.nth_q <= room.room
+     ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 ),
 locked AS (
@@ -232,8 +248,11 @@ started AS (
 ),
 logged AS (
     UPDATE pgqueue.limits AS l
+       -- Trimmed with a second to spare: a claim whose transaction began a moment before
+       -- the previous holder's may stamp its starts a little earlier, and must still see
+       -- every start within its own window.
        SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
-                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'
+                                  WHERE s.at > clock.now - (l.rate_period + 1) * interval '1 second'
                                   ORDER BY s.at)
                            || array_fill(clock.now, ARRAY[started.n::integer])
       FROM started, clock

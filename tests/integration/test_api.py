@@ -1082,9 +1082,7 @@ def call_protected(client: httpx.Client, ids: dict[str, uuid.UUID], **options: A
     """Call every protected endpoint once; no response may show a token."""
     responses = []
     for method, route, which, body, _ in PROTECTED:
-        path = route.format(
-            task_id=ids[which] if which else None, name="auth-queue", kind="type"
-        )
+        path = route.format(task_id=ids[which] if which else None, name="auth-queue", kind="type")
         response = client.request(method, path, json=body, **options)
         for token in (TOKEN, OTHER_TOKEN):
             assert token not in response.text and token not in str(response.headers)

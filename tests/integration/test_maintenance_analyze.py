@@ -1,6 +1,8 @@
 """Maintenance refreshes the table's statistics after a burst, so the claim keeps walking the
-index: with statistics from when the table was small, the planner reads and sorts the whole
-backlog on every claim (measured: 8,000 instead of 23,000 tasks/s on a 100,000-task drain)."""
+index: with statistics from when the table was small, the planner read and sorted the whole
+backlog on every claim (measured: 8,000 instead of 23,000 tasks/s on a 100,000-task drain).
+The claim's current shape walks the index even on stale statistics, but other statements'
+plans (pruning, promotion, listing) still depend on them."""
 
 from __future__ import annotations
 
@@ -57,8 +59,10 @@ def test_a_burst_onto_a_never_analyzed_table_is_analyzed_once_and_the_claim_uses
     conn.execute("SELECT pg_stat_force_next_flush()")
     conn.execute("SELECT 1")  # the flush happens at the end of this transaction
     before = analyze_count(conn)
-    stale = claim_plan(conn)
-    assert "Bitmap Heap Scan on tasks" in stale or "Seq Scan on tasks" in stale, stale
+    row = conn.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = 'pgqueue.tasks'::regclass"
+    ).fetchone()
+    assert row is not None and row[0] < 1000, "the planner's statistics are not stale: no test"
 
     assert run_analyze_once(database_url) >= 100000
 

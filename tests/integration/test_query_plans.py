@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -388,6 +388,79 @@ def test_claim_from_two_queues_takes_their_most_urgent_visible_tasks_in_order(
     assert {t.queue for t in claimed} == {"email", "reports"}
 
 
+def limited_claim_query(queues: list[str]) -> queries.Query:
+    params = {"queues": queues, "limit": CLAIM_BATCH, "owner": "host:1:c", "lease_seconds": 30}
+    return queries.Query("task_claim_limited", {**params, "now": None})
+
+
+@pytest.fixture
+def limits(big: psycopg.Connection[Any]) -> Iterator[Callable[..., None]]:
+    """Set limits in the big table (committed: the prepared-plan check commits anyway), and
+    remove them afterwards so that the module's other tests see none."""
+
+    def set_limits(*rows: tuple[str, str, int]) -> None:
+        for kind, name, max_running in rows:
+            big.execute(
+                "INSERT INTO pgqueue.limits (kind, name, max_running) VALUES (%s, %s, %s)",
+                (kind, name, max_running),
+            )
+        big.commit()
+
+    yield set_limits
+    big.rollback()
+    big.execute("DELETE FROM pgqueue.limits")
+    big.commit()
+
+
+@pytest.mark.parametrize(
+    ("limited", "queues"),
+    [
+        # The whole backlog is of the limited type: it is read per queue by the type index.
+        ([("type", "email.send", 5000)], ["default", "email"]),
+        # A limited queue is read by the claim index.
+        ([("queue", "reports", 5000)], ["reports"]),
+        # A limit whose type has no waiting task: nothing to walk past.
+        ([("type", "sms.send", 10)], ["default", "email", "reports"]),
+    ],
+    ids=["type-limit", "queue-limit", "idle-type-limit"],
+)
+def test_the_limited_claim_reads_each_limit_by_index_not_the_backlog(
+    big: psycopg.Connection[Any],
+    limits: Callable[..., None],
+    capsys: pytest.CaptureFixture[str],
+    limited: list[tuple[str, str, int]],
+    queues: list[str],
+) -> None:
+    limits(*limited)
+    query = limited_claim_query(queues)
+    analyzed = explain(big, query, analyze=True)
+    read = rows_read(analyzed["Plan"])
+    report(
+        capsys,
+        f"limited claim of {CLAIM_BATCH} under {limited} from {queues}: "
+        f"{analyzed['Execution Time']:.2f} ms, {read:,} rows read from pgqueue.tasks",
+    )
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"limited claim ({label})")
+        assert not sorts_over_the_table(plan["Plan"]), f"{label}\n{outline(plan['Plan'])}"
+    # The running tasks (counted against the limits), a batch per queue and the UPDATE's
+    # lookups; never the 200,000-task backlog.
+    bound = RUNNING + 3 * CLAIM_BATCH * len(queues) + CLAIM_BATCH
+    assert read <= bound, f"read {read:,} rows (bound {bound:,})\n{outline(analyzed['Plan'])}"
+
+
+def test_the_ordinary_claim_probes_limits_without_losing_the_index_walk(
+    big: psycopg.Connection[Any], limits: Callable[..., None]
+) -> None:
+    """With limits on other types, the ordinary claim still walks the claim index: the
+    limits are probed per row by primary key, which the planner estimates sensibly (an array
+    of their names made it expect almost no rows to pass, and sort the whole backlog)."""
+    limits(("type", "sms.send", 10), ("queue", "elsewhere", 10))
+    claim_index = partial_index(big, "queued", "queue")
+    for label, plan in plans(big, claim_query(["default", "email"])).items():
+        assert_claim_walks_the_index(plan, claim_index, f"claim with limits ({label})")
+
+
 # --- the other statements on the hot path or in maintenance ----------------------------------
 
 
@@ -445,6 +518,23 @@ def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connec
     query = first_query(queries.queue_list())
     # No parameters: its generic plan is its custom plan, so one EXPLAIN covers both.
     assert_index_only_access(explain(big, query), "queue list")
+
+
+def test_throughput_counts_each_queue_window_by_index(big: psycopg.Connection[Any]) -> None:
+    """Every /metrics scrape and `pgqueue stats` count the last minute's finished tasks: a
+    range per queue and status of the retention index, not the day of finished tasks kept."""
+    query = first_query(queries.queue_throughput(60))
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"throughput ({label})")
+    analyzed = explain(big, query, analyze=True)
+    assert rows_read(analyzed["Plan"]) < 1000, outline(analyzed["Plan"])
+
+
+def test_listing_limits_reads_only_the_running_tasks(big: psycopg.Connection[Any]) -> None:
+    query = first_query(queries.limit_list())
+    plan = explain(big, query, analyze=True)
+    assert_index_only_access(plan, "limit list")
+    assert rows_read(plan["Plan"]) <= RUNNING, outline(plan["Plan"])
 
 
 def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection[Any]) -> None:

@@ -93,6 +93,7 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
 CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
+CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE (status = 'queued'::text);
 CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
