@@ -1060,6 +1060,9 @@ def worker(
         bool, typer.Option(help="Run the lease sweep and retention pruning in this worker.")
     ] = True,
     sweep_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between sweeps.")] = 5.0,
+    prune_interval: Annotated[
+        float, typer.Option(min=0.05, help="Seconds between retention pruning rounds.")
+    ] = 60.0,
     startup_timeout: Annotated[
         float,
         typer.Option(
@@ -1068,11 +1071,17 @@ def worker(
         ),
     ] = 60.0,
     completed_retention: Annotated[
-        float, typer.Option(min=1, help="Seconds to keep completed and cancelled tasks.")
+        float,
+        typer.Option(
+            min=1,
+            help="Seconds to keep completed and cancelled tasks (a queue's own retention, "
+            "`pgqueue queue retention`, wins).",
+        ),
     ] = 24 * 3600.0,
-    dead_retention: Annotated[float, typer.Option(min=1, help="Seconds to keep dead letters.")] = 14
-    * 24
-    * 3600.0,
+    dead_retention: Annotated[
+        float,
+        typer.Option(min=1, help="Seconds to keep dead letters (a queue's own retention wins)."),
+    ] = 14 * 24 * 3600.0,
     promote_after: Annotated[
         float,
         typer.Option(
@@ -1110,6 +1119,7 @@ def worker(
             ("--grace-period", grace_period),
             ("--poll-interval", poll_interval),
             ("--sweep-interval", sweep_interval),
+            ("--prune-interval", prune_interval),
             ("--startup-timeout", startup_timeout),
             ("--completed-retention", completed_retention),
             ("--dead-retention", dead_retention),
@@ -1137,6 +1147,7 @@ def worker(
         maintenance=MaintenanceConfig(
             enabled=maintenance,
             sweep_interval=sweep_interval,
+            prune_interval=prune_interval,
             completed_retention=completed_retention,
             dead_retention=dead_retention,
             promote_after=promote_after,
