@@ -93,6 +93,22 @@ def sleep(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
     return {"slept": time.monotonic() - started, "stopped": False}
 
 
+@tasks.handler("span")
+def span(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Records when it started and ended (server clock) in ``spans``: the limit tests count
+    how many ran at once and how many started per window from these rows."""
+    conn = _connection()
+    conn.execute(
+        "INSERT INTO spans (task_id, pid, started_at) VALUES (%s, %s, clock_timestamp())",
+        (ctx.task_id, os.getpid()),
+    )
+    time.sleep(float(payload.get("seconds", 0)))
+    conn.execute(
+        "UPDATE spans SET ended_at = clock_timestamp() WHERE task_id = %s AND ended_at IS NULL",
+        (ctx.task_id,),
+    )
+
+
 @tasks.handler("crash")
 def crash(payload: dict[str, Any], ctx: TaskContext) -> None:
     record(ctx)

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -45,6 +45,12 @@ CREATE TABLE executions (
     pid        int         NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     seq        bigserial   PRIMARY KEY
+);
+CREATE TABLE spans (
+    task_id    uuid        NOT NULL,
+    pid        int         NOT NULL,
+    started_at timestamptz NOT NULL,
+    ended_at   timestamptz
 );
 CREATE TABLE tx_writes (
     task_id uuid NOT NULL,
@@ -334,6 +340,126 @@ def test_a_paused_queue_is_skipped_by_every_worker_process_and_across_a_restart(
     )
     # With a 30 s poll interval, only the resume's NOTIFY can have woken them this soon.
     assert time.monotonic() - resumed_at < 15
+
+
+def most_at_once(conn: psycopg.Connection[Any]) -> int:
+    """The most spans that overlapped: +1 at each start, -1 at each end, ends first on ties
+    (a slot freed and taken in the same microsecond is not an overlap)."""
+    rows = conn.execute(
+        """
+        SELECT max(open) FROM (
+            SELECT sum(step) OVER (ORDER BY at, step) AS open
+              FROM (SELECT started_at AS at, 1 AS step FROM spans
+                    UNION ALL SELECT ended_at, -1 FROM spans) AS e
+        ) AS s
+        """
+    ).fetchone()
+    assert rows is not None
+    return int(rows[0] or 0)
+
+
+@pytest.mark.slow
+def test_a_type_limit_holds_across_three_worker_processes_and_other_types_flow(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """max_running=3 for one type, three worker processes with 2 slots each: no process can
+    run 3 alone, so reaching 3 at once takes several, and the limit is in the database, so
+    together they never run more than 3 of that type; other types are not held back by it."""
+    pgqueue.set_limit(db, type="span", max_running=3)
+    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.3}} for _ in range(24)))
+    others = enqueue(db, *({"type": "noop"} for _ in range(60)))
+    started = [
+        workers.start(database_url, "--concurrency", "2", *FAST, name=f"w{i}") for i in range(3)
+    ]
+
+    wait_until(
+        lambda: all_in_status(db, others, "completed"),
+        timeout=30,
+        what="the unlimited tasks to complete",
+        workers=workers,
+        alive=started,
+    )
+    assert not all_in_status(db, limited, "completed"), "the limited type should still be busy"
+    wait_until(
+        lambda: all_in_status(db, limited, "completed"),
+        timeout=60,
+        what="the limited tasks to complete",
+        workers=workers,
+        alive=started,
+    )
+    assert count(db, "SELECT count(*) FROM spans") == len(limited), "each ran once"
+    assert most_at_once(db) == 3
+
+
+@pytest.mark.slow
+def test_a_rate_limit_holds_across_three_worker_processes(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """rate 4 per second for one type and three worker processes of one slot, each task 0.4 s:
+    no process can start 4 a second alone, so a window of 4 takes several; no one-second
+    window holds more than 4 claims, and the 20 tasks take about 4 s, not a burst."""
+    pgqueue.set_limit(db, type="span", rate=4, per=1)
+    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.4}} for _ in range(20)))
+    started = [
+        workers.start(database_url, "--concurrency", "1", *FAST, name=f"w{i}") for i in range(3)
+    ]
+
+    wait_until(
+        lambda: all_in_status(db, limited, "completed"),
+        timeout=60,
+        what="the rate-limited tasks to complete",
+        workers=workers,
+        alive=started,
+    )
+    # started_at of the task is the claim's time: the time the rate limit counts.
+    busiest = count(
+        db,
+        """
+        SELECT max(n) FROM (
+            SELECT count(*) OVER (ORDER BY started_at
+                                  RANGE BETWEEN CURRENT ROW AND interval '999 milliseconds'
+                                  FOLLOWING) AS n
+              FROM pgqueue.tasks WHERE type = 'span'
+        ) AS w
+        """,
+    )
+    first, last = one(
+        db, "SELECT min(started_at), max(started_at) FROM pgqueue.tasks WHERE type = 'span'"
+    )
+    assert busiest == 4, f"{busiest} claims within one second"
+    assert (last - first).total_seconds() >= 4 - 0.1, "20 starts at 4/s span at least 4 s"
+    assert count(db, "SELECT count(DISTINCT pid) FROM spans") >= 2
+
+
+@pytest.mark.slow
+def test_a_worker_process_prunes_each_queue_by_its_own_retention(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """Finished two hours ago: the queue kept one hour is pruned by the worker's maintenance,
+    the queue on the default 24 h keeps its tasks."""
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
+    finished = {}
+    for queue in ("short", "normal"):
+        specs = [{"type": "noop", "queue": queue}] * 5
+        ids = [r.id for r in pgqueue.enqueue_many(db, specs, now=two_hours_ago)]
+        claimed = pgqueue.claim(db, [queue], limit=10, worker_id="t", now=two_hours_ago)
+        assert {t.id for t in claimed} == set(ids)
+        pgqueue.complete_many(db, [(t.lease, None) for t in claimed], now=two_hours_ago)
+        finished[queue] = ids
+    pgqueue.set_queue_retention(db, "short", completed=3600)
+    worker = workers.start(database_url, "--prune-interval", "0.2", *FAST, name="w")
+
+    wait_until(
+        lambda: (
+            count(db, "SELECT count(*) FROM pgqueue.tasks WHERE id = ANY(%s)", (finished["short"],))
+            == 0
+        ),
+        timeout=30,
+        what="the short queue's finished tasks to be pruned",
+        workers=workers,
+        alive=[worker],
+    )
+    assert all_in_status(db, finished["normal"], "completed")
 
 
 @pytest.mark.slow
