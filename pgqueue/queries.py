@@ -399,6 +399,16 @@ def task_claim(
     return _claimed(rows)
 
 
+class LimitsProbe(NamedTuple):
+    limited: bool  # some limit exists
+    waiting: bool  # a task under one may be waiting in the probed queues
+
+
+def limits_probe(queues: Sequence[str]) -> Op[LimitsProbe]:
+    rows = yield Query("limits_probe", {"queues": list(queues)})
+    return LimitsProbe(rows[0]["limited"], rows[0]["waiting"])
+
+
 def claim_round(
     *,
     queues: Sequence[str],
@@ -406,22 +416,26 @@ def claim_round(
     owner: str,
     lease_seconds: float,
     now: datetime | None = None,
+    probed: LimitsProbe | None = None,
 ) -> Op[tuple[list[ClaimedTask], bool]]:
     """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
-    whether any limit exists. Run it atomic: the limits lock lasts until commit.
+    whether any limit exists. Run it atomic: the limits lock lasts until commit. ``probed``:
+    the caller already ran limits_probe for these queues.
 
     Limited tasks go first: they are rationed, so they take few of the slots, and claiming
     them after the ordinary ones would starve them whenever ordinary work fills every batch.
     """
     params = {"queues": list(queues), "owner": owner, "lease_seconds": lease_seconds, "now": now}
-    lock = yield Query("limits_try_lock", {})
+    probe = probed or (yield from limits_probe(queues))
     limited: list[Row] = []
-    if lock[0]["locked"]:
-        limited = yield Query("task_claim_limited", {**params, "limit": limit})
+    if probe.waiting:
+        lock = yield Query("limits_try_lock", {})
+        if lock[0]["locked"]:
+            limited = yield Query("task_claim_limited", {**params, "limit": limit})
     rows = limited
     if len(limited) < limit:
         rows = limited + (yield Query("task_claim", {**params, "limit": limit - len(limited)}))
-    return _claimed(rows), lock[0]["locked"] is not None
+    return _claimed(rows), probe.limited
 
 
 def _claimed(rows: list[Row]) -> list[ClaimedTask]:

@@ -54,7 +54,7 @@ from pgqueue.executor import (
 from pgqueue.log import event, logger
 from pgqueue.maintenance import Maintenance, MaintenanceConfig
 from pgqueue.models import ClaimedTask, EnqueueResult, FailOutcome, Lease
-from pgqueue.queries import arun, claim_round, task_claim, task_complete_many
+from pgqueue.queries import arun, claim_round, limits_probe, task_claim, task_complete_many
 from pgqueue.registry import TaskRegistry
 
 T = TypeVar("T")
@@ -403,23 +403,26 @@ class Worker:
             await self._sleep_or_wake(cfg.poll_interval * random.uniform(0.8, 1.2))
 
     async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
-        """One claim. Where limits exist (pgqueue.limits), the claim that honours them, in a
-        transaction of its own. Where none did at the last look, the ordinary claim alone, one
+        """One claim. Where no limit existed at the last look, the ordinary claim alone, one
         statement: it leaves limited tasks alone anyway, so a limit set since then is never
-        broken, only its tasks wait until the next look (LIMITS_RECHECK_SECONDS at most)."""
+        broken, only its tasks wait until the next look (LIMITS_RECHECK_SECONDS at most).
+        Otherwise a probe first, and only when a limited task may be waiting, the claim that
+        honours the limits, in a transaction of its own (it takes the limits lock)."""
         cfg = self.config
+        queues, owner, lease = cfg.queues, cfg.worker_id, cfg.lease_seconds
         now = time.monotonic()
-        if not self._limited and now - self._limits_checked < LIMITS_RECHECK_SECONDS:
-            op = task_claim(
-                queues=cfg.queues, limit=want, owner=cfg.worker_id, lease_seconds=cfg.lease_seconds
-            )
-            return await arun(conn, op)
-        round_ = claim_round(
-            queues=cfg.queues, limit=want, owner=cfg.worker_id, lease_seconds=cfg.lease_seconds
+        if self._limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
+            probe = await arun(conn, limits_probe(queues))
+            self._limited, self._limits_checked = probe.limited, now
+            if probe.waiting:
+                op = claim_round(
+                    queues=queues, limit=want, owner=owner, lease_seconds=lease, probed=probe
+                )
+                claimed, _ = await arun(conn, op, atomic=True)
+                return claimed
+        return await arun(
+            conn, task_claim(queues=queues, limit=want, owner=owner, lease_seconds=lease)
         )
-        claimed, self._limited = await arun(conn, round_, atomic=True)
-        self._limits_checked = now
-        return claimed
 
     def _slots_changed(self) -> None:
         """A slot of ours freed: the claimer may claim again, and with limits in play the

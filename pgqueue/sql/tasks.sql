@@ -136,13 +136,36 @@ UPDATE pgqueue.tasks AS t
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
           t.lease_token, t.lease_expires_at, t.created_at;
 
+-- name: limits_probe
+-- Whether any limit exists, and whether a task under one may be waiting in these queues: one
+-- index probe per limit and queue (the type index for a type, the claim index for a queue),
+-- so a limit with nothing waiting costs a claimer this statement, not the limited claim.
+-- Each probe is a scalar subquery for the first task in index order: PostgreSQL drops ORDER
+-- BY and LIMIT inside EXISTS, and may then bet on a sequential scan finding a row early, and
+-- read the whole table when there is none. Scheduled tasks count as waiting here (the claim
+-- itself looks at their time).
+SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
+       EXISTS (SELECT 1
+                 FROM pgqueue.limits AS l, unnest(%(queues)s::text[]) AS q(name)
+                WHERE CASE l.kind
+                      WHEN 'type' THEN (
+                          SELECT t.id FROM pgqueue.tasks AS t
+                           WHERE t.status = 'queued' AND t.type = l.name AND t.queue = q.name
+                           ORDER BY t.priority, t.created_at, t.id
+                           LIMIT 1) IS NOT NULL
+                      ELSE l.name = q.name AND (
+                          SELECT t.id FROM pgqueue.tasks AS t
+                           WHERE t.status = 'queued' AND t.queue = q.name
+                           ORDER BY t.priority, t.created_at, t.id
+                           LIMIT 1) IS NOT NULL
+                      END) AS waiting;
+
 -- name: limits_try_lock
 -- Tasks under a limit are claimed by one claimer at a time, fleet-wide: whoever gets this
 -- transaction-level lock (released at commit) counts what runs and what started, then claims
--- within the limits; the others skip limited tasks this round instead of waiting. NULL: there
--- are no limits (the lock is not taken). The key is hashtext('pgqueue.limits').
-SELECT CASE WHEN EXISTS (SELECT 1 FROM pgqueue.limits)
-            THEN pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) END AS locked;
+-- within the limits; the others skip limited tasks this round instead of waiting. The key is
+-- hashtext('pgqueue.limits').
+SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) AS locked;
 
 -- name: task_claim_limited
 -- Claim tasks under a limit, after limits_try_lock, in the same transaction: this statement's

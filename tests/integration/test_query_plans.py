@@ -449,6 +449,19 @@ def test_the_limited_claim_reads_each_limit_by_index_not_the_backlog(
     assert read <= bound, f"read {read:,} rows (bound {bound:,})\n{outline(analyzed['Plan'])}"
 
 
+def test_the_limits_probe_is_a_probe_per_limit(
+    big: psycopg.Connection[Any], limits: Callable[..., None]
+) -> None:
+    """Every claim round of a worker that has seen limits starts with this probe, so it must
+    cost an index probe per limit, never a read of the backlog, whether the limited type has
+    waiting tasks (all 200,000 here) or none."""
+    limits(("type", "email.send", 10), ("type", "sms.send", 10), ("queue", "reports", 10))
+    query = first_query(queries.limits_probe(["default", "email"]))
+    plan = explain(big, query, analyze=True)
+    assert_index_only_access(plan, "limits probe")
+    assert rows_read(plan["Plan"]) <= 10, outline(plan["Plan"])
+
+
 def test_the_ordinary_claim_probes_limits_without_losing_the_index_walk(
     big: psycopg.Connection[Any], limits: Callable[..., None]
 ) -> None:
