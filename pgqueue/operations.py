@@ -512,7 +512,8 @@ def prune(
     now: datetime | None = None,
 ) -> int:
     """Delete completed/cancelled tasks older than ``completed_after`` seconds and dead letters
-    older than ``dead_after``; at most ``limit`` of each per call. Returns how many went."""
+    older than ``dead_after`` (or their queue's own retention, :func:`set_queue_retention`);
+    at most ``limit`` of each per call. Returns how many went."""
     check_limit(limit)
     done = run(
         conn,

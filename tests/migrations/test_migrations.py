@@ -11,6 +11,7 @@ import difflib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -174,6 +175,32 @@ def test_upgrade_after_downgrade_to_base_builds_the_snapshot_again(
 
     assert_matches_snapshot(empty_database_url)
     assert migrate.current(empty_database_url) == migrate.head()
+
+
+def test_0004_finds_indexes_a_dba_built_concurrently_and_keeps_the_tasks(
+    empty_database_url: str,
+) -> None:
+    """The README's path for a large table: build 0004's indexes without blocking writes
+    first, then migrate; the revision finds them (IF NOT EXISTS) and the result is head."""
+    migrate.upgrade(empty_database_url, "0003_schedules")
+    execute(
+        empty_database_url,
+        "INSERT INTO pgqueue.tasks (type, payload, status, finished_at)"
+        " VALUES ('t', '{}', 'completed', now())",
+    )
+    docstring = (REPO / "migrations" / "versions" / "0004_limits_retention.py").read_text()
+    statements = re.findall(r"CREATE INDEX CONCURRENTLY[^;]+;", docstring)
+    assert len(statements) == 2, statements
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+    migrate.upgrade(empty_database_url)
+
+    assert_matches_snapshot(empty_database_url)
+    assert rows(empty_database_url, "SELECT type, status FROM pgqueue.tasks") == [
+        ("t", "completed")
+    ]
 
 
 # --- idempotence and the version table ---------------------------------------------------------
