@@ -195,11 +195,16 @@ def worker_command(
     lease_seconds: float = 30.0,
     grace_period: float = 10.0,
     completed_retention: float | None = None,
+    queues: Sequence[str] = (),
 ) -> list[str]:
     """The real CLI, as a user would run it; JSON logs at WARNING so that per-task lines do
-    not cost the worker CPU, while every lease loss, retry or error is still written."""
+    not cost the worker CPU, while every lease loss, retry or error is still written.
+    ``queues`` empty leaves out ``--queue`` (the CLI's default: the queue "default"), so the
+    command line of every run that names none is what it always was."""
     command = [sys.executable, "-m", "pgqueue", "--database-url", url, "worker"]
     command += ["bench.load_handlers:tasks", "--processes", str(processes)]
+    for queue in queues:
+        command += ["--queue", queue]
     command += ["--concurrency", str(concurrency), "--lease-seconds", str(lease_seconds)]
     command += ["--grace-period", str(grace_period), "--log-format", "json"]
     command += ["--log-level", "WARNING"]
@@ -443,6 +448,8 @@ class LibraryProducer:
     Slots are dealt round-robin to ``threads`` threads, each with its own connection, so that
     a slow commit delays only that thread's next slot, not the whole schedule. One thread can
     do the brief's 350/s on an idle machine, but not with room to spare under a loaded one.
+    Task *i* goes to ``queues[i % len(queues)]``: by slot, not by thread, so that with two
+    queues each gets exactly every other task whatever the thread count.
     """
 
     def __init__(
@@ -454,8 +461,12 @@ class LibraryProducer:
         task_type: str,
         payload: dict[str, Any],
         threads: int = 4,
+        queues: Sequence[str] = ("default",),
     ) -> None:
+        if not queues:
+            raise ValueError("queues must name at least one queue")
         self.url = url
+        self.queues = tuple(queues)
         self.rate = rate
         self.count = int(rate * duration)
         self.task_type = task_type
@@ -489,7 +500,8 @@ class LibraryProducer:
                     break
                 sent = time.monotonic()
                 try:
-                    pgqueue.enqueue(conn, self.task_type, self.payload)
+                    queue = self.queues[i % len(self.queues)]
+                    pgqueue.enqueue(conn, self.task_type, self.payload, queue=queue)
                     conn.commit()
                 except Exception as exc:  # psycopg's, or pgqueue's DatabaseUnavailable: count it
                     stats.error(type(exc).__name__)

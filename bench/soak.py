@@ -27,6 +27,13 @@ retention), the table's reloptions (the autovacuum settings the migration chose)
 server's autovacuum settings, and one JSON line. Accounting: every submitted task must either
 still be in the table, completed on its first attempt, or have been deleted by pruning
 (``n_tup_del``), and the worker log must have no lease expiry.
+
+``--kept-queue NAME=SECONDS`` adds a second queue with its own retention
+(``pgqueue.set_queue_retention``, set before the first submit): the producer alternates tasks
+between "default" and NAME, the workers serve both, and every sample also counts the rows of
+each queue. Pruning reads each queue as its own range of ``tasks_retention_idx``, so the
+question becomes whether each queue is held at its own retention (NAME's rows about
+SECONDS / retention times the default's) while the table as a whole still stays flat.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import Any
 
 import psycopg
 
+import pgqueue
 from bench.loadkit import (
     CONNECT_OPTIONS,
     CpuMeter,
@@ -113,6 +121,9 @@ def mb(n: float) -> float:
     return round(n / 2**20, 2)
 
 
+QUEUE_ROWS_QUERY = "SELECT queue, count(*) FROM pgqueue.tasks GROUP BY queue ORDER BY queue"
+
+
 def sample(
     conn: psycopg.Connection[Any], since_db: float, db_pids: list[int], cpu: CpuMeter
 ) -> dict[str, Any]:
@@ -131,7 +142,22 @@ def sample(
         )
     )  # fmt: skip
     out["index_sizes"] = dict(conn.execute(INDEX_QUERY).fetchall())
+    # A full read of the table (a few tens of thousands of rows here) every sample: cheap
+    # next to the load, and exact, which n_live_tup per queue could not be.
+    out["rows_by_queue"] = dict(conn.execute(QUEUE_ROWS_QUERY).fetchall())
     return out
+
+
+def kept_queue(value: str) -> tuple[str, float]:
+    """``NAME=SECONDS`` for ``--kept-queue``."""
+    name, sep, seconds = value.rpartition("=")
+    try:
+        kept = float(seconds)
+    except ValueError:
+        kept = -1.0
+    if not sep or not name or kept <= 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=SECONDS (seconds > 0), got {value!r}")
+    return name, kept
 
 
 def thirds(values: list[float]) -> tuple[list[float], list[float]]:
@@ -208,6 +234,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     payload = payload_of(args.payload_bytes, sleep=args.task_seconds)
     task_type = "bench.sleep" if args.task_seconds > 0 else "bench.noop"
     duration = args.minutes * 60
+    kept_name: str | None = args.kept_queue[0] if args.kept_queue else None
+    kept_seconds: float | None = args.kept_queue[1] if args.kept_queue else None
+    queues = ["default", kept_name] if kept_name else ["default"]
     points: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory(prefix="pgqueue-soak-") as tmp,
@@ -224,12 +253,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     processes=args.processes,
                     concurrency=args.concurrency,
                     completed_retention=args.retention_seconds,
+                    queues=queues if kept_name else (),
                 ),
                 worker_log,
             )
         )
         wait_for_workers(url, database, args.processes, worker)
         conn = stack.enter_context(psycopg.connect(url, autocommit=True, **CONNECT_OPTIONS))
+        if kept_name:
+            pgqueue.set_queue_retention(conn, kept_name, completed=kept_seconds)
         reloptions = conn.execute(
             "SELECT reloptions FROM pg_class WHERE oid = 'pgqueue.tasks'::regclass"
         ).fetchone()
@@ -243,6 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             task_type=task_type,
             payload=payload,
             threads=args.producers,
+            queues=queues,
         )
         cpu.start()
         prev = sample(conn, 0.0, db_pids, cpu)
@@ -252,7 +285,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         progress(
             f"submitting {args.rate}/s for {args.minutes} min; retention "
-            f"{args.retention_seconds} s, prune every {maintenance.prune_interval} s per worker "
+            f"{args.retention_seconds} s"
+            + (f" ({kept_name}: {kept_seconds} s)" if kept_name else "")
+            + f", prune every {maintenance.prune_interval} s per worker "
             f"process, at most {maintenance.max_batches} x {maintenance.batch_size} rows a round"
         )
         tick = 0
@@ -292,6 +327,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             progress(
                 f"t={point['t_min']} min submitted/s={point['submitted_per_s']} "
                 f"completed/s={point['completed_per_s']} rows={now['rows']} "
+                + "".join(f"rows_{q}={now['rows_by_queue'].get(q, 0)} " for q in queues)
+                + f"table={mb(now['table'])} indexes={mb(now['indexes'])} "
                 f"total={mb(now['total'])} MB dead={now['dead']} pruned={point['pruned']} "
                 f"autovacuums={now['autovacuums']}"
             )
@@ -329,7 +366,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     no_expiry = not any("lease_expired" in k or k.startswith("error") for k in events)
     print(
         f"\n## Soak: {args.rate:.0f}/s for {args.minutes} min, retention "
-        f"{args.retention_seconds:.0f} s, {args.processes} worker processes x concurrency "
+        f"{args.retention_seconds:.0f} s"
+        + (f" (queue {kept_name}: {kept_seconds:.0f} s, every other task)" if kept_name else "")
+        + f", {args.processes} worker processes x concurrency "
         f"{args.concurrency}, {task_type}, {args.payload_bytes} B payloads\n"
     )
     print(
@@ -345,14 +384,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         md_table(
             [
                 "t min", "submitted/s", "completed/s", "pickup p50 ms", "p99 ms", "ready max",
-                "rows", "table MB", "indexes MB", "total MB", "n_live_tup", "n_dead_tup",
-                "pruned", "autovacuums", "last autovacuum s ago", "workers cores",
-                "PG cores",
+                "rows", *[f"rows {q}" for q in queues], "table MB", "indexes MB", "total MB",
+                "n_live_tup", "n_dead_tup", "pruned", "autovacuums", "last autovacuum s ago",
+                "workers cores", "PG cores",
             ],
             [
                 [
                     q["t_min"], q["submitted_per_s"], q["completed_per_s"], q["pickup_p50_ms"],
-                    q["pickup_p99_ms"], q["ready_max"], q["rows"], mb(q["table"]),
+                    q["pickup_p99_ms"], q["ready_max"], q["rows"],
+                    *[q["rows_by_queue"].get(name, 0) for name in queues], mb(q["table"]),
                     mb(q["indexes"]), mb(q["total"]), q["live"], q["dead"], q["pruned"],
                     q["autovacuums"],
                     round(q["since_autovacuum"]) if q["since_autovacuum"] is not None else "-",
@@ -407,6 +447,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rate_achieved": round(p.achieved_rate, 1),
         "minutes": args.minutes,
         "retention_s": args.retention_seconds,
+        "kept_queue": {kept_name: kept_seconds} if kept_name else None,
+        "final_rows_by_queue": last.get("rows_by_queue", {}),
         "samples": len(points),
         "submitted": p.ok,
         "pruned": deleted,
@@ -433,6 +475,13 @@ def main() -> None:
     parser.add_argument(
         "--retention-seconds", type=float, default=60.0, help="pgqueue worker --completed-retention"
     )
+    parser.add_argument(
+        "--kept-queue",
+        type=kept_queue,
+        default=None,
+        metavar="NAME=SECONDS",
+        help="also submit every other task to queue NAME, kept SECONDS by its own retention",
+    )
     parser.add_argument("--sample-seconds", type=int, default=30)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=50)
@@ -458,6 +507,12 @@ def main() -> None:
             "--retention-seconds must exceed --sample-seconds by 5 s or more: completions "
             "are counted from finished_at, so they must not be pruned before the next sample"
         )
+    if args.kept_queue:
+        name, seconds = args.kept_queue
+        if name == "default":
+            parser.error("--kept-queue needs a queue other than default")
+        if seconds < args.sample_seconds + 5:
+            parser.error("--kept-queue's SECONDS must exceed --sample-seconds by 5 s or more")
     with contextlib.ExitStack() as stack:
         if args.private_server:
             args.server_url = stack.enter_context(private_server(args.pg_bin))
