@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0004_limits_retention
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0005_tracing_dashboard
 
 CREATE TABLE pgqueue.limits (
     kind text NOT NULL,
@@ -81,7 +81,8 @@ CREATE TABLE pgqueue.tasks (
     last_error text,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     started_at timestamp with time zone,
-    finished_at timestamp with time zone
+    finished_at timestamp with time zone,
+    trace_context jsonb
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -98,6 +99,7 @@ CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idem
 CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
+CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
 
 -- pgqueue.dead_letters reads pgqueue.tasks: attempts, created_at, finished_at, id, idempotency_key, last_error, max_attempts, payload, priority, queue, status, type
 CREATE VIEW pgqueue.dead_letters (
