@@ -85,6 +85,17 @@ def test_wheel_ships_the_alembic_migrations_and_the_named_sql(wheel: Path) -> No
         assert f"pgqueue/_migrations/versions/{revision.name}" in names
 
 
+def test_wheel_ships_the_dashboard_files(wheel: Path) -> None:
+    """`pgqueue serve` serves the dashboard from the package, so its files must be in it."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+
+    files = sorted((REPO / "pgqueue" / "dashboard").iterdir())
+    assert {f.name for f in files} >= {"index.html", "app.js", "style.css"}
+    for path in files:
+        assert f"pgqueue/dashboard/{path.name}" in names
+
+
 def test_installed_wheel_runs_from_site_packages_not_from_the_checkout(
     venv: Path, tmp_path: Path
 ) -> None:
