@@ -41,6 +41,7 @@ from pgqueue.models import (
     Limit,
     LimitKind,
     Priority,
+    QueueBacklog,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -50,6 +51,7 @@ from pgqueue.models import (
     TaskStatus,
 )
 from pgqueue.operations import (
+    backlog,
     cancel,
     cancel_leased,
     claim,
@@ -66,10 +68,12 @@ from pgqueue.operations import (
     list_queues,
     list_schedules,
     list_tasks,
+    overview,
     pause_queue,
     promote_aged,
     prune,
     queue_stats,
+    recent_failures,
     release,
     replay,
     resume_queue,
@@ -78,6 +82,7 @@ from pgqueue.operations import (
     set_queue_retention,
     sweep_expired,
     throughput,
+    throughput_series,
 )
 from pgqueue.registry import Cancel, Retry, TaskRegistry
 from pgqueue.worker import Worker, WorkerConfig
@@ -104,6 +109,7 @@ __all__ = [
     "PayloadTooLarge",
     "PgQueueError",
     "Priority",
+    "QueueBacklog",
     "QueueState",
     "QueueStats",
     "QueueThroughput",
@@ -122,6 +128,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "__version__",
+    "backlog",
     "cancel",
     "cancel_leased",
     "claim",
@@ -138,11 +145,13 @@ __all__ = [
     "list_queues",
     "list_schedules",
     "list_tasks",
+    "overview",
     "pause_queue",
     "prepare",
     "promote_aged",
     "prune",
     "queue_stats",
+    "recent_failures",
     "release",
     "replay",
     "resume_queue",
@@ -151,4 +160,5 @@ __all__ = [
     "set_queue_retention",
     "sweep_expired",
     "throughput",
+    "throughput_series",
 ]

@@ -12,15 +12,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pgqueue import queries
+from pgqueue import queries, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
     FailResult,
+    Failure,
     Lease,
     Limit,
+    QueueBacklog,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -28,11 +30,13 @@ from pgqueue.models import (
     SweepResult,
     Task,
     TaskStatus,
+    ThroughputPoint,
 )
 from pgqueue.operations import (
     DEFAULT_COMPLETED_RETENTION,
     DEFAULT_DEAD_RETENTION,
     DEFAULT_LEASE_SECONDS,
+    MAX_SERIES_MINUTES,
     _results,
     _tick_spec,
     as_specs,
@@ -55,7 +59,9 @@ async def enqueue(
 ) -> EnqueueResult:
     """See :func:`pgqueue.enqueue`."""
     now = options.pop("now", None)
-    task, created = await arun(conn, queries.task_insert(prepare(type, payload, **options), now))
+    spec = prepare(type, payload, **options)
+    with tracing.submit_span(spec.type, spec.queue) as trace_context:
+        task, created = await arun(conn, queries.task_insert(spec, now, trace_context))
     return EnqueueResult(task, created)
 
 
@@ -64,10 +70,10 @@ async def enqueue_many(
 ) -> list[EnqueueResult]:
     """See :func:`pgqueue.enqueue_many`."""
     specs = as_specs(tasks)
-    return [
-        EnqueueResult(t, c)
-        for t, c in await arun(conn, queries.task_insert_many(specs, now), atomic=True)
-    ]
+    type_, queue = tracing.batch_names({s.type for s in specs}, {s.queue for s in specs})
+    with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
+        op = queries.task_insert_many(specs, now, trace_context)
+        return [EnqueueResult(t, c) for t, c in await arun(conn, op, atomic=True)]
 
 
 async def get_task(conn: Any, /, task_id: uuid.UUID | str) -> Task:
@@ -122,6 +128,16 @@ async def discard(
 
 async def queue_stats(conn: Any) -> list[QueueStats]:
     return await arun(conn, queries.queue_depth())
+
+
+async def overview(conn: Any) -> list[QueueStats]:
+    """See :func:`pgqueue.overview`."""
+    return await arun(conn, queries.queue_overview())
+
+
+async def backlog(conn: Any, /, queues: Sequence[str] | None = None) -> list[QueueBacklog]:
+    """See :func:`pgqueue.backlog`."""
+    return await arun(conn, queries.queue_backlog(queues))
 
 
 async def run_schedule(
@@ -300,3 +316,23 @@ async def prune(
         ),
     )
     return done + await arun(conn, queries.task_prune([TaskStatus.FAILED], dead_after, limit, now))
+
+
+async def throughput_series(
+    conn: Any,
+    /,
+    *,
+    minutes: int = 60,
+    queue: str | None = None,
+    now: datetime | None = None,
+) -> list[ThroughputPoint]:
+    """Tasks completed and dead-lettered per minute over the last ``minutes`` (at most a day),
+    oldest first with every minute present, of ``queue`` or of every queue."""
+    check_filters(queue=queue)
+    span = check_limit(minutes, "minutes", MAX_SERIES_MINUTES)
+    return await arun(conn, queries.throughput_series(span, queue, now))
+
+
+async def recent_failures(conn: Any, /, *, limit: int = 20) -> list[Failure]:
+    """See :func:`pgqueue.recent_failures`."""
+    return await arun(conn, queries.task_failures(check_limit(limit)))

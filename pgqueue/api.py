@@ -11,6 +11,9 @@ idempotency key returns an existing task, 400 for malformed JSON, 401 without a 
 token (when tokens are configured), 404 for an unknown or malformed id, 409 for an operation
 the task's status does not allow, 413 for a body over the limit, 422 for invalid fields
 (the body names each field and the reason), 503 when the database cannot be reached.
+
+``/dashboard/`` serves a web page over this API (static files from ``pgqueue/dashboard``, under
+a strict Content-Security-Policy); the page needs no token, the data it reads does.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import functools
 import hmac
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import datetime
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -53,7 +58,7 @@ from pgqueue.errors import (
 )
 from pgqueue.models import MAX_ATTEMPTS, Task, TaskStatus
 from pgqueue.operations import DAY as _DAY
-from pgqueue.operations import MAX_RATE, MAX_RUNNING
+from pgqueue.operations import MAX_RATE, MAX_RUNNING, MAX_SERIES_MINUTES
 
 ENV_TOKENS = "PGQUEUE_API_TOKENS"
 ENV_TOKENS_FILE = "PGQUEUE_API_TOKENS_FILE"
@@ -154,6 +159,10 @@ class TaskOut(BaseModel):
     run_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    worker: str | None = Field(None, description="While running: the worker holding the lease.")
+    lease_expires_at: datetime | None = Field(
+        None, description="While running: when the lease runs out unless the worker renews it."
+    )
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -174,6 +183,8 @@ class TaskOut(BaseModel):
             run_at=task.visible_after,
             started_at=task.started_at,
             finished_at=task.finished_at,
+            worker=task.lease_owner,
+            lease_expires_at=task.lease_expires_at,
         )
 
 
@@ -291,6 +302,55 @@ class LimitRemovedOut(BaseModel):
     kind: Literal["type", "queue"]
     name: str
     removed: bool
+
+
+class ThroughputPointOut(BaseModel):
+    minute: datetime = Field(description="The minute's start (UTC).")
+    completed: int
+    failed: int = Field(description="Dead-lettered (attempts spent) in this minute.")
+
+
+class ThroughputSeriesOut(BaseModel):
+    minutes: int
+    queue: str | None = Field(description="The queue counted; null: every queue together.")
+    points: list[ThroughputPointOut] = Field(
+        description="One per minute, oldest first; the last is the current, partial minute."
+    )
+
+
+class FailureOut(BaseModel):
+    task_id: uuid.UUID
+    type: str
+    queue: str
+    priority: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    started_at: datetime | None = Field(description="When the failed attempt started.")
+    retry_at: datetime | None = Field(description="Retrying: when the next attempt may start.")
+    finished_at: datetime | None = Field(description="Dead: when it was dead-lettered.")
+
+    @classmethod
+    def of(cls, failure: models.Failure) -> FailureOut:
+        return cls(
+            task_id=failure.task_id,
+            type=failure.type,
+            queue=failure.queue,
+            priority=failure.priority.label,
+            attempts=failure.attempts,
+            max_attempts=failure.max_attempts,
+            last_error=failure.last_error,
+            started_at=failure.started_at,
+            retry_at=failure.retry_at,
+            finished_at=failure.finished_at,
+        )
+
+
+class FailuresOut(BaseModel):
+    retrying: list[FailureOut] = Field(
+        description="Queued again after a failed attempt, the latest next attempt first."
+    )
+    dead: list[FailureOut] = Field(description="Dead letters (attempts spent), newest first.")
 
 
 class StatsOut(BaseModel):
@@ -449,10 +509,13 @@ class BodyLimit:
 
 
 class BearerAuth:
-    """With tokens configured, every request but /healthz and /readyz needs
-    ``Authorization: Bearer TOKEN``; checked before the body is read or parsed."""
+    """With tokens configured, every request but /healthz, /readyz and the dashboard's static
+    files needs ``Authorization: Bearer TOKEN``; checked before the body is read or parsed.
+    (The dashboard's files hold no data: its script asks the API for everything, with a
+    token.)"""
 
-    OPEN = ("/healthz", "/readyz")
+    OPEN = ("/healthz", "/readyz", "/dashboard")
+    OPEN_PREFIXES = ("/dashboard/",)
 
     def __init__(self, app: ASGIApp, tokens: frozenset[str]) -> None:
         self.app = app
@@ -466,7 +529,7 @@ class BearerAuth:
         root: str = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
-        if path in self.OPEN:
+        if path in self.OPEN or path.startswith(self.OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", [])).get(b"authorization", b"")
@@ -521,6 +584,43 @@ async def _send_error(send: Any, response: JSONResponse) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
+# --- the dashboard ---------------------------------------------------------------------------
+
+# The page is static: files shipped in the package (pgqueue/dashboard), no data in them, no
+# build step. Its script reads everything from /api/v1 with the bearer token the user enters.
+DASHBOARD_FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+# Only this server's files and API: no inline script or style, no eval, no framing, no forms
+# posted anywhere. Task payloads and errors are rendered as text; should one ever reach the
+# page as markup, it still could not run.
+DASHBOARD_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+DASHBOARD_HEADERS = {
+    "Content-Security-Policy": DASHBOARD_CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",  # revalidate: an upgraded pgqueue serves its new script
+}
+
+
+@functools.cache
+def _dashboard_file(name: str) -> bytes:
+    return resources.files("pgqueue").joinpath("dashboard", name).read_bytes()
+
+
+def _dashboard_response(name: str) -> Response:
+    return Response(
+        _dashboard_file(name), media_type=DASHBOARD_FILES[name], headers=DASHBOARD_HEADERS
+    )
+
+
 # --- the application -------------------------------------------------------------------------
 
 
@@ -552,7 +652,7 @@ class _State:
         )
         self.depth = Gauge(
             "pgqueue_queue_depth",
-            "Tasks by queue, priority and status",
+            "Waiting, running and dead-lettered tasks by queue, priority and status",
             ["queue", "priority", "status"],
             registry=self.registry,
         )
@@ -913,10 +1013,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     async def stats(
         window_seconds: Annotated[float, Query(gt=0, le=86400)] = 60.0,
     ) -> StatsOut:
-        """Depth per queue, priority and status with the oldest ready task's age (the
-        autoscaling signal), and tasks finished per queue in the last ``window_seconds``."""
+        """Waiting, running and dead-lettered tasks per queue, priority and status, with the
+        oldest ready task's age (the autoscaling signal), and tasks finished per queue in the
+        last ``window_seconds``. Completed and cancelled tasks are counted only there: counting
+        every one kept would read the whole table on each call."""
         async with state.connection() as conn:
-            depth = await aio.queue_stats(conn)
+            depth = await aio.overview(conn)
             done = await aio.throughput(conn, window_seconds=window_seconds)
             queues = await aio.list_queues(conn)
         return StatsOut(
@@ -926,10 +1028,38 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             paused_queues=sorted(q.name for q in queues if q.paused),
         )
 
+    @api.get(
+        "/throughput/series", response_model=ThroughputSeriesOut, responses=_responses(*COMMON)
+    )
+    async def throughput_series(
+        minutes: Annotated[int, Query(ge=1, le=MAX_SERIES_MINUTES)] = 60,
+        queue: Name = None,
+    ) -> ThroughputSeriesOut:
+        """Tasks completed and dead-lettered per minute over the last ``minutes`` (at most
+        1440), of one ``queue`` or of every queue; every minute has a point."""
+        async with state.connection() as conn:
+            points = await aio.throughput_series(conn, minutes=minutes, queue=queue)
+        return ThroughputSeriesOut(
+            minutes=minutes,
+            queue=queue,
+            points=[ThroughputPointOut(**dataclasses.asdict(p)) for p in points],
+        )
+
+    @api.get("/failures", response_model=FailuresOut, responses=_responses(*COMMON))
+    async def failures(limit: Limit = 20) -> FailuresOut:
+        """Recent failures with their errors: up to ``limit`` tasks waiting for a retry after a
+        failed attempt, and up to ``limit`` of the newest dead letters."""
+        async with state.connection() as conn:
+            found = await aio.recent_failures(conn, limit=limit)
+        return FailuresOut(
+            retrying=[FailureOut.of(f) for f in found if not f.dead],
+            dead=[FailureOut.of(f) for f in found if f.dead],
+        )
+
     async def metrics() -> Response:
         with contextlib.suppress(PgQueueError):
             async with state.connection() as conn:
-                depth = await aio.queue_stats(conn)
+                depth = await aio.overview(conn)
                 queues = await aio.list_queues(conn)
             state.depth.clear()
             state.ready.clear()
@@ -946,6 +1076,23 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     app.include_router(api)
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+
+    @app.get("/dashboard", include_in_schema=False)
+    async def dashboard_redirect() -> Response:
+        # A relative Location, so it also works where the app is mounted under a prefix; the
+        # page's relative links (app.js, ../api/v1/...) need the trailing slash.
+        return Response(status_code=307, headers={**DASHBOARD_HEADERS, "Location": "dashboard/"})
+
+    @app.get("/dashboard/", include_in_schema=False)
+    async def dashboard() -> Response:
+        """The dashboard (no token needed for the page; its data needs one)."""
+        return _dashboard_response("index.html")
+
+    @app.get("/dashboard/{name}", include_in_schema=False)
+    async def dashboard_file(name: str) -> Response:
+        if name not in DASHBOARD_FILES or name == "index.html":
+            raise StarletteHTTPException(404, "no such dashboard file")
+        return _dashboard_response(name)
 
     @app.get("/healthz", response_model=HealthOut)
     async def healthz() -> HealthOut:

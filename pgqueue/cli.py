@@ -384,9 +384,11 @@ def stats(
         ),
     ] = 60.0,
 ) -> None:
-    """Queue depth by queue, priority and status; tasks finished in the last minute."""
+    """Waiting, running and dead-lettered tasks by queue and priority, the oldest ready task's
+    age, and tasks finished in the last minute (completed ones are counted there: counting all
+    that are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does)."""
     with connection() as conn:
-        depth = ops.queue_stats(conn)
+        depth = ops.overview(conn)
         finished = ops.throughput(conn, window_seconds=window)
         paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
     parts = [
@@ -767,7 +769,7 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
 
 def _dead_letter_count(client: Client, queue: str | None) -> int:
     with client.connection() as conn:
-        depth = ops.queue_stats(conn)
+        depth = ops.overview(conn)
     return sum(s.tasks for s in depth if s.status == TaskStatus.FAILED and queue in (None, s.queue))
 
 
@@ -1095,8 +1097,26 @@ def worker(
     ] = True,
     log_format: Annotated[str, typer.Option(help="text or json.")] = "text",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Serve Prometheus /metrics and a liveness /healthz on this port (needs "
+            "prometheus-client: the api extra). With --processes N, process i gets PORT+i.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            help="Address for --metrics-port. 0.0.0.0 (every IPv4 interface) lets Prometheus "
+            "and the kubelet reach a pod on its IP; there is no authentication, so use "
+            "127.0.0.1 where the port must stay local.",
+        ),
+    ] = "0.0.0.0",
 ) -> None:
-    """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal stops at once)."""
+    """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
+    later, stops at once)."""
     from pgqueue import log
     from pgqueue.maintenance import MaintenanceConfig
     from pgqueue.registry import load
@@ -1104,6 +1124,12 @@ def worker(
     from pgqueue.worker import Worker, WorkerConfig
 
     log.configure(log_format, log_level)
+    if metrics_port is not None and metrics_port + processes - 1 > 65535:
+        raise typer.BadParameter(
+            f"{processes} processes need ports {metrics_port} to {metrics_port + processes - 1}, "
+            "past 65535",
+            param_hint="'--metrics-port'",
+        )
     queues = queue or [DEFAULT_QUEUE]
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
@@ -1135,7 +1161,15 @@ def worker(
         if not scheduler:
             argv.append("--no-scheduler")
         env = {**os.environ, ENV_DATABASE_URL: url}
-        raise typer.Exit(Supervisor(argv, processes, env=env).run())
+        if metrics_port is None:
+            raise typer.Exit(Supervisor(argv, processes, env=env).run())
+        argv += ["--metrics-host", metrics_host]
+        first_port = metrics_port
+
+        def port_of(slot: int) -> list[str]:  # child i on PORT+i, a replacement on the same
+            return ["--metrics-port", str(first_port + slot)]
+
+        raise typer.Exit(Supervisor(argv, processes, env=env, slot_args=port_of).run())
     config = WorkerConfig(
         queues=queues,
         concurrency=concurrency,
@@ -1144,6 +1178,8 @@ def worker(
         grace_period=grace_period,
         startup_timeout=startup_timeout,
         scheduler=scheduler,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
         maintenance=MaintenanceConfig(
             enabled=maintenance,
             sweep_interval=sweep_interval,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import queue
 import threading
@@ -194,8 +195,12 @@ class DaemonThreadPool:
         self._queue.put(job)
 
     def submit(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Run ``fn`` on a pool thread in a copy of the caller's context (contextvars), as
+        asyncio.to_thread does: the execution's trace span, and any context the application
+        keeps, reach sync handlers too."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
+        context = contextvars.copy_context()
 
         def deliver(ok: bool, value: Any) -> None:
             if future.done():
@@ -207,7 +212,7 @@ class DaemonThreadPool:
 
         def job() -> None:
             try:
-                value = fn()
+                value = context.run(fn)
             except BaseException as exc:  # delivered to the awaiting coroutine
                 loop.call_soon_threadsafe(deliver, False, exc)
             else:

@@ -24,6 +24,7 @@ from pgqueue.errors import DatabaseUnavailable, ValidationError
 from pgqueue.log import event
 from pgqueue.models import TaskStatus
 from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
+from pgqueue.worker_metrics import NO_METRICS, WorkerMetrics
 
 # After ANALYZE was refused (see Maintenance.analyze_once), try again this much later: a DBA
 # may have granted MAINTAIN meanwhile.
@@ -74,8 +75,11 @@ class MaintenanceResult:
 
 
 class Maintenance:
-    def __init__(self, config: MaintenanceConfig | None = None) -> None:
+    def __init__(
+        self, config: MaintenanceConfig | None = None, *, metrics: WorkerMetrics = NO_METRICS
+    ) -> None:
         self.config = config or MaintenanceConfig()
+        self.metrics = metrics
         self._analyze_denied_at: float | None = None  # when ANALYZE was last skipped for us
 
     async def _locked_batch(self, conn: psycopg.AsyncConnection[Any], op: queries.Op[Any]) -> Any:
@@ -119,6 +123,7 @@ class Maintenance:
                 )
             if swept.total < self.config.batch_size:
                 break
+        self.metrics.lease_swept(out)
         if out.requeued or out.dead or out.cancelled:
             event(
                 "maintenance.sweep", requeued=out.requeued, dead=out.dead, cancelled=out.cancelled

@@ -221,6 +221,8 @@ class ClaimedTask:
     lease_token: uuid.UUID
     lease_expires_at: datetime
     created_at: datetime
+    # The submitting span's W3C context when tracing was on (see pgqueue.tracing).
+    trace_context: dict[str, str] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -261,6 +263,19 @@ class SweepResult:
     @property
     def total(self) -> int:
         return len(self.requeued) + len(self.dead) + len(self.cancelled)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueBacklog:
+    """A queue's backlog at one priority (the pgqueue.backlog view): ready and scheduled
+    tasks, running ones, and the age of the oldest ready task (None: none is ready)."""
+
+    queue: str
+    priority: str
+    ready: int
+    scheduled: int
+    running: int
+    oldest_ready_age_seconds: float | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,3 +337,30 @@ class QueueThroughput:
     queue: str
     completed: int
     failed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputPoint:
+    """Tasks that finished within one minute (UTC), starting at ``minute``."""
+
+    minute: datetime
+    completed: int
+    failed: int  # dead-lettered
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A task whose last attempt failed: waiting for a retry (``retry_at``) or dead-lettered
+    (``finished_at``)."""
+
+    task_id: uuid.UUID
+    dead: bool
+    type: str
+    queue: str
+    priority: Priority
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    started_at: datetime | None  # when the failed attempt started
+    retry_at: datetime | None
+    finished_at: datetime | None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pgqueue import config, queries
+from pgqueue import config, queries, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import TaskNotFound, ValidationError
@@ -21,9 +21,11 @@ from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
     FailResult,
+    Failure,
     Lease,
     Limit,
     LimitKind,
+    QueueBacklog,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -31,6 +33,7 @@ from pgqueue.models import (
     SweepResult,
     Task,
     TaskStatus,
+    ThroughputPoint,
 )
 from pgqueue.queries import HeartbeatResult, TaskSpec, run
 
@@ -206,7 +209,9 @@ def enqueue(
     inserted and the original task comes back with ``created=False``.
     """
     now = options.pop("now", None)
-    task, created = run(conn, queries.task_insert(prepare(type, payload, **options), now))
+    spec = prepare(type, payload, **options)
+    with tracing.submit_span(spec.type, spec.queue) as trace_context:
+        task, created = run(conn, queries.task_insert(spec, now, trace_context))
     return EnqueueResult(task, created)
 
 
@@ -219,9 +224,10 @@ def enqueue_many(
     validated before anything is written, so one bad item rejects the whole batch.
     """
     specs = as_specs(tasks)
-    return [
-        EnqueueResult(t, c) for t, c in run(conn, queries.task_insert_many(specs, now), atomic=True)
-    ]
+    type_, queue = tracing.batch_names({s.type for s in specs}, {s.queue for s in specs})
+    with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
+        op = queries.task_insert_many(specs, now, trace_context)
+        return [EnqueueResult(t, c) for t, c in run(conn, op, atomic=True)]
 
 
 # --- inspecting and operating ----------------------------------------------------------------
@@ -293,8 +299,43 @@ def discard(
 
 
 def queue_stats(conn: Any) -> list[QueueStats]:
-    """Depth per queue, priority and status, with the age of the oldest ready task."""
+    """Depth per queue, priority and status, with the age of the oldest ready task. It counts
+    the finished tasks kept too, so it reads the whole table: for something asked every few
+    seconds (a scraper, a dashboard, an autoscaler), use :func:`backlog`."""
     return run(conn, queries.queue_depth())
+
+
+MAX_SERIES_MINUTES = 1440  # a day of per-minute points
+
+
+def throughput_series(
+    conn: Any, /, *, minutes: int = 60, queue: str | None = None, now: datetime | None = None
+) -> list[ThroughputPoint]:
+    """Tasks completed and dead-lettered per minute over the last ``minutes`` (at most a day),
+    oldest first with every minute present, of ``queue`` or of every queue."""
+    check_filters(queue=queue)
+    span = check_limit(minutes, "minutes", MAX_SERIES_MINUTES)
+    return run(conn, queries.throughput_series(span, queue, now))
+
+
+def recent_failures(conn: Any, /, *, limit: int = 20) -> list[Failure]:
+    """Recent failures: up to ``limit`` tasks waiting for a retry after a failed attempt
+    (latest next attempt first), then up to ``limit`` dead letters (newest first)."""
+    return run(conn, queries.task_failures(check_limit(limit)))
+
+
+def overview(conn: Any) -> list[QueueStats]:
+    """Depth per queue, priority and status of waiting, running and dead-lettered tasks (not
+    completed or cancelled ones): what `pgqueue stats`, the API and the dashboard show, read
+    through partial indexes, so it may be asked every few seconds."""
+    return run(conn, queries.queue_overview())
+
+
+def backlog(conn: Any, /, queues: Sequence[str] | None = None) -> list[QueueBacklog]:
+    """Per queue (these, or all) and priority: ready, scheduled and running tasks and the age
+    of the oldest ready one, read from waiting and running tasks only (the autoscaling
+    signal; ``pgqueue.backlog`` in SQL)."""
+    return run(conn, queries.queue_backlog(queues))
 
 
 def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime], TaskSpec]:

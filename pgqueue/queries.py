@@ -29,10 +29,12 @@ from pgqueue.models import (
     ClaimedTask,
     FailOutcome,
     FailResult,
+    Failure,
     Lease,
     Limit,
     LimitKind,
     Priority,
+    QueueBacklog,
     QueueState,
     QueueStats,
     QueueThroughput,
@@ -40,6 +42,7 @@ from pgqueue.models import (
     SweepResult,
     Task,
     TaskStatus,
+    ThroughputPoint,
 )
 
 T = TypeVar("T")
@@ -235,7 +238,10 @@ def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> 
     )
 
 
-def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, bool]]:
+def task_insert(
+    spec: TaskSpec, now: datetime | None = None, trace_context: Mapping[str, str] | None = None
+) -> Op[tuple[Task, bool]]:
+    """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing)."""
     rows = yield Query(
         "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
         {
@@ -252,6 +258,7 @@ def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, b
             "run_at": spec.run_at,
             "delay": spec.delay_seconds,
             "now": now,
+            "trace_context": _trace_json(trace_context),
         },
     )
     if rows:
@@ -260,14 +267,18 @@ def task_insert(spec: TaskSpec, now: datetime | None = None) -> Op[tuple[Task, b
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield Query("task_get_by_keys", {"keys": [spec.idempotency_key]})
     if not rows:  # the winner rolled back between our two statements: insert again
-        return (yield from task_insert(spec, now))
+        return (yield from task_insert(spec, now, trace_context))
     return Task.from_row(rows[0]), False
 
 
 _COPY_TYPES = (
     "uuid", "text", "text", "jsonb", "int2", "int4", "float4", "float4", "float4",
-    "timestamptz", "timestamptz",
+    "timestamptz", "timestamptz", "jsonb",
 )  # fmt: skip
+
+
+def _trace_json(trace_context: Mapping[str, str] | None) -> Jsonb | None:
+    return Jsonb(dict(trace_context)) if trace_context else None
 
 
 def _stored_as_is(text: str) -> str:
@@ -275,10 +286,14 @@ def _stored_as_is(text: str) -> str:
 
 
 def task_insert_many(
-    specs: Sequence[TaskSpec], now: datetime | None = None
+    specs: Sequence[TaskSpec],
+    now: datetime | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> Op[list[tuple[Task, bool]]]:
     """Insert many tasks: those without an idempotency key by binary COPY (no conflict is
-    possible), those with one by a single INSERT ... ON CONFLICT over arrays."""
+    possible), those with one by a single INSERT ... ON CONFLICT over arrays. The batch shares
+    one ``trace_context`` (one submit span)."""
+    trace = _trace_json(trace_context)
     if not specs:
         return []
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
@@ -293,13 +308,17 @@ def task_insert_many(
             payload = Jsonb(s.payload_json, dumps=_stored_as_is)
             policy = (s.max_attempts, s.backoff_base, s.backoff_factor, s.backoff_cap)
             rows.append(
-                (s.id, s.queue, s.type, payload, int(s.priority), *policy, visible_after, clock)
-            )
+                (
+                    s.id, s.queue, s.type, payload, int(s.priority), *policy, visible_after,
+                    clock, trace,
+                )
+            )  # fmt: skip
             results[s.id] = (_inserted(s, clock, visible_after), True)
         yield Copy("task_copy", _COPY_TYPES, rows)
     keyed = [s for s in specs if s.idempotency_key is not None]
     if keyed:
-        for s, result in zip(keyed, (yield from _insert_keyed(keyed, now)), strict=True):
+        pairs = zip(keyed, (yield from _insert_keyed(keyed, now, trace_context)), strict=True)
+        for s, result in pairs:
             results[s.id] = result
     out = [results[s.id] for s in specs]
     queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
@@ -308,7 +327,9 @@ def task_insert_many(
     return out
 
 
-def _insert_keyed(specs: Sequence[TaskSpec], now: datetime | None) -> Op[list[tuple[Task, bool]]]:
+def _insert_keyed(
+    specs: Sequence[TaskSpec], now: datetime | None, trace_context: Mapping[str, str] | None
+) -> Op[list[tuple[Task, bool]]]:
     rows = yield Query(
         "task_insert_many",
         {
@@ -325,6 +346,7 @@ def _insert_keyed(specs: Sequence[TaskSpec], now: datetime | None) -> Op[list[tu
             "run_ats": [s.run_at for s in specs],
             "delays": [s.delay_seconds for s in specs],
             "now": now,
+            "trace_context": _trace_json(trace_context),
         },
         prepare=False,
     )
@@ -344,7 +366,7 @@ def _insert_keyed(specs: Sequence[TaskSpec], now: datetime | None) -> Op[list[tu
             task = existing[s.idempotency_key]
             out.append((task, False))
         else:  # the key's holder vanished (rolled back) between statements: insert it alone
-            out.append((yield from task_insert(s, now)))
+            out.append((yield from task_insert(s, now, trace_context)))
     return out
 
 
@@ -451,6 +473,7 @@ def _claimed(rows: list[Row]) -> list[ClaimedTask]:
             lease_token=r["lease_token"],
             lease_expires_at=r["lease_expires_at"],
             created_at=r["created_at"],
+            trace_context=r["trace_context"],
         )
         for r in rows
     ]
@@ -660,6 +683,16 @@ def task_prune(
     return pruned
 
 
+def queue_backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
+    rows = yield Query("queue_backlog", {"queues": list(queues) if queues is not None else None})
+    return [QueueBacklog(**r) for r in rows]
+
+
+def queue_overview() -> Op[list[QueueStats]]:
+    rows = yield Query("queue_overview", {})
+    return [QueueStats(**r) for r in rows]
+
+
 def queue_depth() -> Op[list[QueueStats]]:
     rows = yield Query("queue_depth", {})
     return [QueueStats(**r) for r in rows]
@@ -816,3 +849,37 @@ def maintenance_try_lock() -> Op[bool]:
 def schema_version() -> Op[str | None]:
     rows = yield Query("schema_version", {})
     return str(rows[0]["version_num"]) if rows else None
+
+
+# --- the dashboard's reads -------------------------------------------------------------------
+
+
+def throughput_series(
+    minutes: int, queue: str | None = None, now: datetime | None = None
+) -> Op[list[ThroughputPoint]]:
+    """Per minute, oldest first, every minute present: completed and dead-lettered tasks of
+    ``queue`` (or of every queue) in the last ``minutes`` minutes, the current one included."""
+    rows = yield Query("throughput_series", {"minutes": minutes, "queue": queue, "now": now})
+    return [ThroughputPoint(r["minute"], int(r["completed"]), int(r["failed"])) for r in rows]
+
+
+def task_failures(limit: int) -> Op[list[Failure]]:
+    """Up to ``limit`` tasks waiting for a retry (latest next attempt first), then up to
+    ``limit`` dead letters (newest first)."""
+    rows = yield Query("task_failures", {"limit": limit})
+    return [
+        Failure(
+            task_id=r["id"],
+            dead=r["kind"] == "dead",
+            type=r["type"],
+            queue=r["queue"],
+            priority=Priority(r["priority"]),
+            attempts=r["attempts"],
+            max_attempts=r["max_attempts"],
+            last_error=r["last_error"],
+            started_at=r["started_at"],
+            retry_at=None if r["kind"] == "dead" else r["visible_after"],
+            finished_at=r["finished_at"] if r["kind"] == "dead" else None,
+        )
+        for r in rows
+    ]

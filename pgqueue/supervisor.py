@@ -13,7 +13,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 
 from pgqueue.log import event
@@ -24,9 +24,17 @@ STABLE_AFTER = 30.0
 
 class Supervisor:
     def __init__(
-        self, command: Sequence[str], processes: int, *, env: Mapping[str, str] | None = None
+        self,
+        command: Sequence[str],
+        processes: int,
+        *,
+        env: Mapping[str, str] | None = None,
+        slot_args: Callable[[int], Sequence[str]] | None = None,
     ) -> None:
+        """``slot_args(slot)``: arguments added to the command of the child in that slot (and
+        of its replacements), such as a metrics port of its own."""
         self.command = list(command)
+        self.slot_args = slot_args
         self.env = dict(env) if env is not None else None
         self.processes = processes
         self.children: dict[int, subprocess.Popen[bytes]] = {}
@@ -36,7 +44,8 @@ class Supervisor:
         self.signals = 0
 
     def _spawn(self, slot: int) -> None:
-        proc = subprocess.Popen(self.command, env=self.env)
+        extra = list(self.slot_args(slot)) if self.slot_args else []
+        proc = subprocess.Popen([*self.command, *extra], env=self.env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
         event("worker.process_started", slot=slot, pid=proc.pid)

@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgqueue import aio
+from pgqueue import aio, tracing
 from pgqueue.config import resolve_database_url
 from pgqueue.cron import Schedule
 from pgqueue.errors import DatabaseUnavailable, LeaseLost, ValidationError
@@ -56,6 +56,7 @@ from pgqueue.maintenance import Maintenance, MaintenanceConfig
 from pgqueue.models import ClaimedTask, EnqueueResult, FailOutcome, Lease
 from pgqueue.queries import arun, claim_round, limits_probe, task_claim, task_complete_many
 from pgqueue.registry import TaskRegistry
+from pgqueue.worker_metrics import create as create_metrics
 
 T = TypeVar("T")
 
@@ -63,6 +64,8 @@ RETRYABLE = (psycopg.OperationalError, psycopg.errors.AdminShutdown, DatabaseUna
 # A worker that saw no limits takes the one-statement claim, and looks for limits again this
 # often (a worker that saw some looks at every claim).
 LIMITS_RECHECK_SECONDS = 1.0
+# A stop signal this soon after the previous one is its echo (see Worker._on_signal).
+SIGNAL_ECHO_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -87,6 +90,10 @@ class WorkerConfig:
     # each tick is enqueued once across all of them.
     scheduler: bool = True
     worker_id: str = ""
+    # Serve Prometheus metrics and /healthz on this port (None: off; 0: any free port).
+    # Needs prometheus_client, imported only then.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
     maintenance: MaintenanceConfig = dataclasses.field(default_factory=MaintenanceConfig)
 
     def __post_init__(self) -> None:
@@ -104,6 +111,8 @@ class WorkerConfig:
             raise ValidationError("grace_period", "must be >= 0")
         if self.startup_timeout < 0:
             raise ValidationError("startup_timeout", "must be >= 0")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValidationError("metrics_port", f"must be 0 to 65535, not {self.metrics_port}")
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -151,12 +160,19 @@ class Worker:
         self._stop_requested = asyncio.Event()
         self._force_requested = asyncio.Event()
         self._pool: AsyncConnectionPool[Any] | None = None
+        self._signalled_at: float | None = None  # when the last stop signal was taken
         self._limited = False  # whether pgqueue.limits had rows at the last look
         self._limits_checked = -LIMITS_RECHECK_SECONDS
         self._handler_pool: AsyncConnectionPool[Any] | None = None
         self._sync_handler_pool: ConnectionPool[Any] | None = None
         self._threads: DaemonThreadPool | None = None
         self.processed = 0
+        self.metrics = create_metrics(
+            self.config.metrics_port,
+            host=self.config.metrics_host,
+            queues=self.config.queues,
+            database_url=self.database_url,
+        )
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -183,13 +199,32 @@ class Worker:
         self._wake.set()
         self._slot_freed.set()
 
+    def _on_signal(self) -> None:
+        """SIGTERM/SIGINT: stop gracefully; another one later means now. One that arrives
+        within SIGNAL_ECHO_SECONDS of the first is the same request arriving twice, not a
+        second request: signalling a process group (systemd's default KillMode, Ctrl-C in a
+        terminal, ``kill -TERM -PGID``) reaches a supervised worker directly and again
+        through its supervisor, and must not cut the grace period short."""
+        now = time.monotonic()
+        if self._signalled_at is not None and now - self._signalled_at < SIGNAL_ECHO_SECONDS:
+            return
+        self._signalled_at = now
+        self.request_stop()
+
     async def run_async(self, *, install_signal_handlers: bool = False) -> None:
+        self.metrics.start()  # /metrics and /healthz, with a metrics port only
+        try:
+            await self._run(install_signal_handlers)
+        finally:
+            self.metrics.stop()
+
+    async def _run(self, install_signal_handlers: bool) -> None:
         cfg = self.config
         await self._wait_for_database()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
+                loop.add_signal_handler(sig, self._on_signal)
         self._pool = AsyncConnectionPool(
             self.database_url,
             min_size=2,
@@ -217,7 +252,7 @@ class Worker:
         if cfg.scheduler and self.registry.schedules:
             helpers.append(asyncio.create_task(self._scheduler(), name="scheduler"))
         if cfg.maintenance.enabled:
-            maintenance = Maintenance(cfg.maintenance)
+            maintenance = Maintenance(cfg.maintenance, metrics=self.metrics)
             helpers.append(
                 asyncio.create_task(
                     maintenance.run(self._pool, self._stop_requested), name="maintenance"
@@ -388,7 +423,7 @@ class Worker:
             want = min(free, cfg.max_claim_batch)
             self._wake.clear()  # before the claim, so a NOTIFY during it is not missed
             claimed = await self._with_db(
-                lambda c: self._claim(c, want),  # noqa: B023 - awaited in this iteration
+                lambda c: self.metrics.claim_timed(self._claim(c, want)),  # noqa: B023 - awaited here
                 attempts=1,
             )
             if claimed is None:  # database trouble: back off a little, then poll again
@@ -460,9 +495,19 @@ class Worker:
                 max_attempts=task.max_attempts,
                 queue=task.queue,
             )
+        self.metrics.task_started(task)
         try:
             handler = self.registry.get(task.type)
-            outcome = await executor.run(task, ctx, handler)
+            with tracing.execution_span(
+                task_id=task.id,
+                type=task.type,
+                queue=task.queue,
+                attempt=task.attempts,
+                trace_context=task.trace_context,
+            ) as span:
+                outcome = await executor.run(task, ctx, handler)
+                if isinstance(outcome, Failed | Lost):
+                    tracing.record_failure(span, getattr(outcome, "error", "lease lost"))
             if not running.released:
                 running.recording = True
                 await self._record(running, outcome)
@@ -495,6 +540,7 @@ class Worker:
     async def _record(self, running: _Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx
         duration = time.monotonic() - running.started
+        self.metrics.task_finished(task, duration)
         if isinstance(outcome, Completed):  # the hot path: queue it for the batched write
             self._pending.append(_PendingCompletion(task, outcome.result_json, duration))
             self._pending_ready.set()
@@ -507,6 +553,7 @@ class Worker:
         }
         if isinstance(outcome, Recorded):
             self.processed += 1
+            self.metrics.task_completed(task)
             event("task.completed", **fields, transactional=True)
             return
         if isinstance(outcome, Lost) or ctx.lease_lost:
@@ -526,6 +573,7 @@ class Worker:
                 )
             )
         )
+        self.metrics.task_failed(task, result or None)
         summary = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "error"
         if result is None or result is False:
             event("task.lease_lost", logging.WARNING, **fields, error=summary)
@@ -573,6 +621,7 @@ class Worker:
                 )
                 del self._pending[: len(batch)]  # appends only ever go to the end
                 self.processed += len(done or ())
+                self.metrics.tasks_completed(p.task for p in batch if done and p.task.id in done)
                 all_recorded = done is not None and len(done) == len(batch)
                 if all_recorded and not logger.isEnabledFor(logging.INFO):
                     continue  # nothing to log: skip the per-task loop

@@ -1,4 +1,4 @@
-"""Trace context on tasks, and an index of the tasks waiting for a retry.
+"""Trace context on tasks, an index of the tasks waiting for a retry, and the backlog view.
 
 Revision ID: 0005_tracing_dashboard
 Revises: 0004_limits_retention
@@ -31,11 +31,31 @@ def upgrade() -> None:
     -- enters it only when an attempt fails, and leaves it when claimed again.
     CREATE INDEX IF NOT EXISTS tasks_retrying_idx
         ON pgqueue.tasks (visible_after) WHERE status = 'queued' AND attempts > 0;
+
+    -- The backlog per queue and priority: ready and scheduled tasks, the age of the oldest
+    -- ready one, and the running ones. Unlike queue_depth, it reads only waiting and running
+    -- rows (through their partial indexes), never the finished tasks kept for a day, so it
+    -- is what scrapers, dashboards and autoscalers (KEDA) may ask every few seconds.
+    CREATE VIEW pgqueue.backlog AS
+    SELECT queue,
+           pgqueue.priority_name(priority) AS priority,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after <= now()) AS ready,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after > now()) AS scheduled,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           now() - min(visible_after) FILTER (WHERE status = 'queued' AND visible_after <= now())
+               AS oldest_ready_age
+      FROM (SELECT queue, priority, status, visible_after
+              FROM pgqueue.tasks WHERE status = 'queued'
+            UNION ALL
+            SELECT queue, priority, status, visible_after
+              FROM pgqueue.tasks WHERE status = 'running') AS t
+     GROUP BY queue, priority;
     """)
 
 
 def downgrade() -> None:
     op.execute("""
+    DROP VIEW pgqueue.backlog;
     DROP INDEX pgqueue.tasks_retrying_idx;
     ALTER TABLE pgqueue.tasks DROP COLUMN trace_context;
     """)

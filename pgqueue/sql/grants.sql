@@ -40,7 +40,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.limits TO :"app_role";
 
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
-GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks
+GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,
+                      pgqueue.backlog
     TO :"app_role";
 
 -- Workers, pgqueue.Client, the CLI and the API's /readyz check the schema revision before

@@ -9,11 +9,11 @@ WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
-                               created_at)
+                               created_at, trace_context)
     SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
            %(backoff_base)s, %(backoff_factor)s, %(backoff_cap)s, %(idempotency_key)s,
            coalesce(%(run_at)s::timestamptz, clock.now + %(delay)s * interval '1 second'),
-           clock.now
+           clock.now, %(trace_context)s::jsonb
       FROM clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, visible_after, created_at
@@ -28,12 +28,12 @@ SELECT inserted.id, inserted.visible_after, inserted.created_at,
 -- ON CONFLICT arbiter) does it, about a sixth cheaper than task_insert. Wakes idle workers on
 -- commit, as task_insert does.
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
-                           backoff_factor, backoff_cap, visible_after, created_at)
+                           backoff_factor, backoff_cap, visible_after, created_at, trace_context)
 VALUES (%(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
         %(backoff_base)s, %(backoff_factor)s, %(backoff_cap)s,
         coalesce(%(run_at)s::timestamptz,
                  coalesce(%(now)s::timestamptz, now()) + %(delay)s * interval '1 second'),
-        coalesce(%(now)s::timestamptz, now()))
+        coalesce(%(now)s::timestamptz, now()), %(trace_context)s::jsonb)
 RETURNING visible_after, created_at,
           CASE WHEN visible_after <= created_at THEN pg_notify('pgqueue', queue) END AS notified;
 
@@ -45,7 +45,7 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 -- Bulk enqueue of tasks without idempotency keys (nothing can conflict): binary COPY, the
 -- server's fastest way in. Times come from the "clock" statement, so they are the server's.
 COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
-                    backoff_factor, backoff_cap, visible_after, created_at)
+                    backoff_factor, backoff_cap, visible_after, created_at, trace_context)
 FROM STDIN (FORMAT BINARY);
 
 -- name: task_insert_many
@@ -54,10 +54,11 @@ FROM STDIN (FORMAT BINARY);
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
-                           created_at)
+                           created_at, trace_context)
 SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority, v.max_attempts, v.backoff_base,
        v.backoff_factor, v.backoff_cap, v.idempotency_key,
-       coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now
+       coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
+       %(trace_context)s::jsonb
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
@@ -134,7 +135,7 @@ UPDATE pgqueue.tasks AS t
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-          t.lease_token, t.lease_expires_at, t.created_at;
+          t.lease_token, t.lease_expires_at, t.created_at, t.trace_context;
 
 -- name: limits_probe
 -- Whether any limit exists, and whether a task under one may be waiting in these queues: one
@@ -262,7 +263,7 @@ claimed AS (
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-              t.lease_token, t.lease_expires_at, t.created_at
+              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context
 ),
 started AS (
     SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
@@ -698,3 +699,134 @@ SELECT s.n_mod_since_analyze AS changed, greatest(c.reltuples, 0)::bigint AS est
 -- Refresh the statistics now rather than when autovacuum next looks (up to a minute, or never
 -- with autovacuum off); cached plans are replanned. Without the right, it warns and skips.
 ANALYZE pgqueue.tasks;
+
+-- name: throughput_series
+-- Tasks finished in each of the last `minutes` minutes (the current one included, UTC
+-- minutes), completed and dead-lettered (failed), of one queue or of all: the dashboard's
+-- chart. Each queue with finished tasks (a loose walk of tasks_retention_idx per status, as in
+-- queue_throughput) is read as a range of that index from the first minute on, so the cost is
+-- the window's tasks, never the 24 h of completed tasks (or 14 days of dead letters) kept.
+-- Every minute has a row, zero when nothing finished.
+WITH RECURSIVE clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           date_trunc('minute', coalesce(%(now)s::timestamptz, now()), 'UTC')
+           - (%(minutes)s::integer - 1) * interval '1 minute' AS since
+),
+done AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed' AND queue > d.name)
+      FROM done AS d
+     WHERE d.name IS NOT NULL
+),
+dead AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed' AND queue > d.name)
+      FROM dead AS d
+     WHERE d.name IS NOT NULL
+),
+counted AS (
+    SELECT 'completed' AS status, c.minute, c.n
+      FROM clock, done
+     CROSS JOIN LATERAL (
+           SELECT date_trunc('minute', finished_at, 'UTC') AS minute, count(*) AS n
+             FROM pgqueue.tasks
+            WHERE status = 'completed' AND queue = done.name
+              AND finished_at >= clock.since AND finished_at <= clock.now
+            GROUP BY 1
+           ) AS c
+     WHERE done.name IS NOT NULL AND (%(queue)s::text IS NULL OR done.name = %(queue)s::text)
+    UNION ALL
+    SELECT 'failed', c.minute, c.n
+      FROM clock, dead
+     CROSS JOIN LATERAL (
+           SELECT date_trunc('minute', finished_at, 'UTC') AS minute, count(*) AS n
+             FROM pgqueue.tasks
+            WHERE status = 'failed' AND queue = dead.name
+              AND finished_at >= clock.since AND finished_at <= clock.now
+            GROUP BY 1
+           ) AS c
+     WHERE dead.name IS NOT NULL AND (%(queue)s::text IS NULL OR dead.name = %(queue)s::text)
+)
+SELECT m.minute,
+       coalesce(sum(c.n) FILTER (WHERE c.status = 'completed'), 0)::bigint AS completed,
+       coalesce(sum(c.n) FILTER (WHERE c.status = 'failed'), 0)::bigint AS failed
+  FROM clock
+ CROSS JOIN generate_series(clock.since, clock.now, interval '1 minute') AS m(minute)
+  LEFT JOIN counted AS c ON c.minute = m.minute
+ GROUP BY m.minute
+ ORDER BY m.minute;
+
+-- name: task_failures
+-- Recent failures, for the dashboard: the tasks waiting for a retry after a failed attempt,
+-- latest next attempt first (tasks_retrying_idx, which holds only them), then the newest dead
+-- letters (each queue's newest by a backward range of tasks_retention_idx, the queues found
+-- by a loose walk, then merged). At most `limit` of each; never the backlog or the table.
+WITH RECURSIVE dead_queues AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed' AND queue > d.name)
+      FROM dead_queues AS d
+     WHERE d.name IS NOT NULL
+),
+retrying AS (
+    SELECT id, type, queue, priority, attempts, max_attempts, last_error, started_at,
+           visible_after, finished_at
+      FROM pgqueue.tasks
+     WHERE status = 'queued' AND attempts > 0
+     ORDER BY visible_after DESC
+     LIMIT %(limit)s
+),
+dead AS (
+    SELECT d.*
+      FROM dead_queues AS q
+     CROSS JOIN LATERAL (
+           SELECT id, type, queue, priority, attempts, max_attempts, last_error, started_at,
+                  visible_after, finished_at
+             FROM pgqueue.tasks
+            WHERE status = 'failed' AND queue = q.name
+            ORDER BY finished_at DESC
+            LIMIT %(limit)s
+           ) AS d
+     WHERE q.name IS NOT NULL
+     ORDER BY d.finished_at DESC
+     LIMIT %(limit)s
+)
+SELECT * FROM (SELECT 'retrying' AS kind, * FROM retrying
+               UNION ALL
+               SELECT 'dead', * FROM dead) AS f
+ ORDER BY kind DESC, coalesce(finished_at, visible_after) DESC, id;
+
+-- name: queue_backlog
+-- The backlog per queue and priority (the pgqueue.backlog view, for these queues or all):
+-- ready, scheduled, running, and the oldest ready task's age. It reads waiting and running
+-- rows only, through their partial indexes, so /metrics scrapes and dashboards may ask it
+-- every few seconds however many finished tasks are kept.
+SELECT queue, priority, ready, scheduled, running,
+       extract(epoch FROM oldest_ready_age)::double precision AS oldest_ready_age_seconds
+  FROM pgqueue.backlog
+ WHERE %(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])
+ ORDER BY queue, priority;
+
+-- name: queue_overview
+-- Depth per queue, priority and status for what is asked every few seconds (`pgqueue stats`,
+-- GET /api/v1/stats, /metrics, the dashboard): waiting and running tasks from the backlog
+-- view, and dead letters, each read through its partial index. Completed and cancelled tasks
+-- are left out: they are most of the table (a day of them, gigabytes at the design's rate),
+-- and counting them means reading it all; the queue_depth view still does, for a DBA who
+-- asks once. Tasks finished recently are in queue_throughput.
+SELECT queue, priority, 'queued' AS status, ready + scheduled AS tasks, ready, scheduled,
+       extract(epoch FROM oldest_ready_age)::double precision AS oldest_ready_age_seconds
+  FROM pgqueue.backlog
+ WHERE ready + scheduled > 0
+UNION ALL
+SELECT queue, priority, 'running', running, 0, 0, NULL
+  FROM pgqueue.backlog
+ WHERE running > 0
+UNION ALL
+SELECT queue, pgqueue.priority_name(priority), 'failed', count(*), 0, 0, NULL
+  FROM pgqueue.tasks
+ WHERE status = 'failed'
+ GROUP BY queue, priority
+ ORDER BY 1, 3, 2;

@@ -741,6 +741,36 @@ def test_sigterm_waits_for_running_tasks_and_leaves_unstarted_ones_queued(
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_still_grants_the_grace_period(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """systemd's default KillMode, Ctrl-C in a terminal and `kill -TERM -PGID` signal every
+    process of the group: each supervised worker gets the signal directly and again from its
+    supervisor. That echo must not count as the second signal that means "stop now"."""
+    sleepers = enqueue(db, *({"type": "sleep", "payload": {"seconds": 2.5}} for _ in range(2)))
+    supervisor = workers.start(
+        database_url,
+        *("--processes", "2", "--concurrency", "1", "--grace-period", "20", *FAST),
+        name="group",
+    )
+    wait_until(
+        lambda: all(has_started(db, t) for t in sleepers),
+        timeout=30,
+        what="both sleep tasks to start",
+        workers=workers,
+        alive=[supervisor],
+    )
+
+    os.killpg(supervisor.pid, signal.SIGTERM)
+    assert wait_for_exit(supervisor, 25)[0] == 0
+
+    for task_id in sleepers:
+        done = task(db, task_id)
+        assert (done.status, done.attempts) == ("completed", 1), task_id
+        assert done.result is not None and done.result["stopped"] is False, task_id
+
+
+@pytest.mark.slow
 def test_tasks_that_finish_within_the_grace_period_are_recorded_completed(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:

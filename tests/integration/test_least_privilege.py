@@ -187,6 +187,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("queue_depth", "SELECT"),
         ("dead_letters", "SELECT"),
         ("running_tasks", "SELECT"),
+        ("backlog", "SELECT"),
         ("pgqueue_alembic_version", "SELECT"),
         ("retry_delay", "EXECUTE"),
         ("priority_name", "EXECUTE"),
@@ -604,6 +605,8 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
             await call("replay_many", "POST", "/api/v1/dead-letters/replay", {"all": True})
             await call("discard_many", "POST", "/api/v1/dead-letters/discard", {"all": True})
             await call("stats", "GET", "/api/v1/stats")
+            await call("throughput_series", "GET", "/api/v1/throughput/series")
+            await call("failures", "GET", "/api/v1/failures")
             await call("metrics", "GET", "/metrics")
             ready = await call("readyz", "GET", "/readyz")
             assert ready["status"] == "ready", ready
@@ -623,6 +626,8 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
         "replay_many": 200,
         "discard_many": 200,
         "stats": 200,
+        "throughput_series": 200,
+        "failures": 200,
         "metrics": 200,
         "readyz": 200,
     }

@@ -566,6 +566,107 @@ def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection
             assert_index_only_access(plan, f"dead letters, {page} ({label})")
 
 
+# --- the dashboard's reads (refreshed every few seconds by each open dashboard) ---------------
+
+RETRYING = 2_000
+
+
+def retention_index(conn: psycopg.Connection[Any]) -> str:
+    """The index of finished tasks by (status, queue, finished_at), found in the catalog."""
+    rows = conn.execute(
+        """
+        SELECT c.relname
+          FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'pgqueue.tasks'::regclass
+           AND pg_get_indexdef(i.indexrelid) LIKE '%(status, queue, finished_at)%'
+        """
+    ).fetchall()
+    assert len(rows) == 1, rows
+    return str(rows[0][0])
+
+
+def test_the_throughput_series_reads_the_hour_per_queue_by_index_not_the_day(
+    big: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dashboard's chart: a loose walk over the queues of each status, then a range of the
+    retention index per queue from the hour's first minute; the 48 h of finished tasks kept
+    (and 28 days of dead letters) are never read, whichever plan the server settles on."""
+    index = retention_index(big)
+    for minutes, queue in ((60, None), (60, "email"), (1440, None)):
+        query = first_query(queries.throughput_series(minutes, queue))
+        for label, plan in plans(big, query).items():
+            name = f"throughput series {minutes} min of {queue or 'all'} ({label})"
+            assert_index_only_access(plan, name)
+            used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
+            assert used == {index}, f"{name}: {used}\n{outline(plan['Plan'])}"
+
+    query = first_query(queries.throughput_series(60))
+    analyzed = explain(big, query, analyze=True)
+    in_window = big.execute(
+        "SELECT count(*) FROM pgqueue.tasks WHERE status IN ('completed', 'failed')"
+        " AND finished_at >= date_trunc('minute', now(), 'UTC') - interval '59 minutes'"
+    ).fetchone()
+    big.rollback()
+    assert in_window is not None
+    read = rows_read(analyzed["Plan"])
+    report(
+        capsys,
+        f"throughput series of the last hour ({in_window[0]:,} tasks finished in it, "
+        f"{FINISHED:,} kept): {analyzed['Execution Time']:.2f} ms, {read:,} rows read",
+    )
+    # The hour's tasks plus a probe or two per queue and status.
+    assert read <= in_window[0] + 50, outline(analyzed["Plan"])
+
+
+@pytest.fixture
+def retrying_tasks(big: psycopg.Connection[Any]) -> Iterator[int]:
+    """Tasks waiting for a retry after a failed attempt (committed: the prepared-plan check
+    commits anyway), removed afterwards so that the module's other tests never see them."""
+    big.execute(
+        f"""
+        INSERT INTO pgqueue.tasks (queue, type, payload, status, attempts, visible_after,
+                                   created_at, started_at, last_error)
+        SELECT 'hooks', 'webhook.deliver', '{{"n": 1}}', 'queued', 1 + i % 3,
+               now() + i * interval '1 second', now() - interval '1 hour',
+               now() - interval '1 minute', 'ConnectionError: refused'
+          FROM generate_series(1, {RETRYING}) AS i
+        """
+    )
+    big.commit()
+    yield RETRYING
+    big.rollback()
+    big.execute("DELETE FROM pgqueue.tasks WHERE queue = 'hooks'")
+    big.commit()
+
+
+def test_recent_failures_read_the_retry_index_and_the_newest_dead_letters_per_queue(
+    big: psycopg.Connection[Any], retrying_tasks: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dashboard's recent failures: the retrying tasks from their own small partial index
+    (not the 200,000-task backlog they sit in), the dead letters by a backward range of the
+    retention index per queue (not the 10,000 kept): rows read bounded by the page."""
+    limit = 20
+    query = first_query(queries.task_failures(limit))
+    retry_index = partial_index(big, "queued", "visible_after")
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"recent failures ({label})")
+        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
+        assert used == {retry_index, retention_index(big)}, (label, used)
+        assert not sorts_over_the_table(plan["Plan"]), f"{label}\n{outline(plan['Plan'])}"
+    analyzed = explain(big, query, analyze=True)
+    read = rows_read(analyzed["Plan"])
+    report(
+        capsys,
+        f"recent failures ({retrying_tasks:,} retrying, 10,000 dead letters): "
+        f"{analyzed['Execution Time']:.2f} ms, {read:,} rows read",
+    )
+    # A page of retrying tasks, a page per queue of dead letters, the walk's probes.
+    assert read <= limit + 3 * limit + 10, outline(analyzed["Plan"])
+    found = queries.run(big, queries.task_failures(limit))
+    big.rollback()
+    assert sum(not f.dead for f in found) == limit and sum(f.dead for f in found) == limit
+
+
 # --- the checks themselves -------------------------------------------------------------------
 
 

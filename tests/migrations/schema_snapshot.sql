@@ -101,6 +101,36 @@ CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
 
+-- pgqueue.backlog reads pgqueue.tasks: priority, queue, status, visible_after
+CREATE VIEW pgqueue.backlog (
+    queue text,
+    priority text,
+    ready bigint,
+    scheduled bigint,
+    running bigint,
+    oldest_ready_age interval
+) AS
+ SELECT queue,
+    pgqueue.priority_name(priority) AS priority,
+    count(*) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS ready,
+    count(*) FILTER (WHERE status = 'queued'::text AND visible_after > now()) AS scheduled,
+    count(*) FILTER (WHERE status = 'running'::text) AS running,
+    now() - min(visible_after) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
+   FROM ( SELECT queue,
+            priority,
+            status,
+            visible_after
+           FROM pgqueue.tasks
+          WHERE status = 'queued'::text
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after
+           FROM pgqueue.tasks
+          WHERE status = 'running'::text) t
+  GROUP BY queue, priority;
+
 -- pgqueue.dead_letters reads pgqueue.tasks: attempts, created_at, finished_at, id, idempotency_key, last_error, max_attempts, payload, priority, queue, status, type
 CREATE VIEW pgqueue.dead_letters (
     id uuid,
