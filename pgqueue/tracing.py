@@ -42,12 +42,21 @@ def enabled() -> bool:
     return wanted and _api() is not None
 
 
+_MISSING = object()
+_trace_api: Any = _MISSING
+
+
 def _api() -> Any:
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    return trace
+    """opentelemetry.trace, or None when it is not installed (looked up once: a failed
+    import is not cheap, and this is asked at every submit)."""
+    global _trace_api
+    if _trace_api is _MISSING:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            trace = None  # type: ignore[assignment]
+        _trace_api = trace
+    return _trace_api
 
 
 def _get_tracer() -> Any:
