@@ -674,6 +674,32 @@ class _State:
             ["queue"],
             registry=self.registry,
         )
+        # Limits (pgqueue limit): what each allows and what it uses now, so that a type held
+        # back by its limit shows as such next to its growing backlog.
+        self.limit_max_running = Gauge(
+            "pgqueue_limit_max_running",
+            "A limit's most tasks running at once across the fleet",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        self.limit_running = Gauge(
+            "pgqueue_limit_running_tasks",
+            "Tasks running under a limit now (expired leases count until swept)",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        self.limit_rate = Gauge(
+            "pgqueue_limit_rate_starts",
+            "A limit's most starts per window",
+            ["kind", "name", "per_seconds"],
+            registry=self.registry,
+        )
+        self.limit_recent_starts = Gauge(
+            "pgqueue_limit_recent_starts",
+            "Starts under a rate limit within its window now",
+            ["kind", "name"],
+            registry=self.registry,
+        )
 
     async def open(self) -> None:
         """Resolve the URL (maybe starting the embedded server) and open the pool, once.
@@ -1061,10 +1087,26 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             async with state.connection() as conn:
                 depth = await aio.overview(conn)
                 queues = await aio.list_queues(conn)
+                limits = await aio.list_limits(conn)
             state.depth.clear()
             state.ready.clear()
             state.oldest.clear()
             state.paused.clear()
+            for gauge in (
+                state.limit_max_running,
+                state.limit_running,
+                state.limit_rate,
+                state.limit_recent_starts,
+            ):
+                gauge.clear()
+            for x in limits:
+                target = (x.kind.value, x.name)
+                state.limit_running.labels(*target).set(x.running)
+                if x.max_running is not None:
+                    state.limit_max_running.labels(*target).set(x.max_running)
+                if x.rate_limit is not None and x.rate_period is not None:
+                    state.limit_rate.labels(*target, f"{x.rate_period:g}").set(x.rate_limit)
+                    state.limit_recent_starts.labels(*target).set(x.recent_starts)
             for q in queues:
                 state.paused.labels(q.name).set(1 if q.paused else 0)
             for d in depth:

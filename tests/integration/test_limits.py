@@ -347,3 +347,22 @@ def test_http_sets_lists_and_clears_limits(database_url, conn):
     finally:
         api.close()
     assert len(claim(conn)) == 2
+
+
+def test_the_api_metrics_show_each_limit_and_its_use(database_url, conn):
+    enqueue(conn, "email", 3)
+    pgqueue.set_limit(conn, type="email", max_running=2, rate=10, per=60)
+    pgqueue.set_limit(conn, queue="payments", max_running=5)
+    claim(conn)
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        text = api.request("GET", "/metrics").text
+    finally:
+        api.close()
+
+    assert 'pgqueue_limit_max_running{kind="type",name="email"} 2.0' in text
+    assert 'pgqueue_limit_running_tasks{kind="type",name="email"} 2.0' in text
+    assert 'pgqueue_limit_rate_starts{kind="type",name="email",per_seconds="60"} 10.0' in text
+    assert 'pgqueue_limit_recent_starts{kind="type",name="email"} 2.0' in text
+    assert 'pgqueue_limit_max_running{kind="queue",name="payments"} 5.0' in text
+    assert 'pgqueue_limit_recent_starts{kind="queue"' not in text, "no rate, no starts gauge"
