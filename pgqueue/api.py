@@ -44,7 +44,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pgqueue import aio, models, queries
+from pgqueue import aio, models, queries, tracing
 from pgqueue.config import resolve_database_url
 from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
 from pgqueue.errors import (
@@ -822,6 +822,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     async def submit(
         body: SubmitTask,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[
             str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
@@ -832,18 +833,21 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         key = body.idempotency_key or idempotency_key
         if body.idempotency_key and idempotency_key and body.idempotency_key != idempotency_key:
             raise ValidationError("idempotency_key", "the header and the body field differ")
-        async with state.connection() as conn:
-            result = await aio.enqueue(
-                conn,
-                body.type,
-                body.payload,
-                priority=body.priority,
-                queue=body.queue,
-                idempotency_key=key,
-                run_at=body.run_at,
-                delay=body.delay_seconds,
-                max_attempts=body.max_attempts,
-            )
+        # The caller's traceparent parents the submit span (when tracing is on and no
+        # request span already does), so its trace reaches the worker that runs the task.
+        with tracing.remote_parent(request.headers):
+            async with state.connection() as conn:
+                result = await aio.enqueue(
+                    conn,
+                    body.type,
+                    body.payload,
+                    priority=body.priority,
+                    queue=body.queue,
+                    idempotency_key=key,
+                    run_at=body.run_at,
+                    delay=body.delay_seconds,
+                    max_attempts=body.max_attempts,
+                )
         state.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
         if not result.created:
             response.status_code = 200
