@@ -1,8 +1,13 @@
-"""The core API on a caller's connection (sync). ``pgqueue.aio`` mirrors it for async code.
+"""The core API on a caller's connection, written once for sync and async code.
 
 Every function takes the connection first: a psycopg 3 ``Connection`` or a SQLAlchemy 2
 ``Session``/``Connection``. None of them commits: the caller's transaction decides. Pass
 ``now=`` only in tests, to control the clock instead of sleeping.
+
+Each operation below is a builder: it validates its arguments and returns the sans-IO op
+(:mod:`pgqueue.queries`). ``@operation`` binds it to the sync driver, which is the function
+this module exports, and to the async one, its ``.aio``, which :mod:`pgqueue.aio` exports
+under the same name; so an operation is written, documented and validated in one place.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from pgqueue.models import (
     TaskStatus,
     ThroughputPoint,
 )
-from pgqueue.queries import HeartbeatResult, TaskSpec, run
+from pgqueue.queries import HeartbeatResult, Op, TaskSpec, atomic_operation, mapped, operation
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -198,9 +203,10 @@ def _results(results: Iterable[tuple[Lease, Any]]) -> list[tuple[Lease, str | No
 # --- producing -------------------------------------------------------------------------------
 
 
+@operation
 def enqueue(
-    conn: Any, /, type: str, payload: Mapping[str, Any] | None = None, **options: Any
-) -> EnqueueResult:
+    type: str, payload: Mapping[str, Any] | None = None, **options: Any
+) -> Op[EnqueueResult]:
     """Submit one task in the caller's transaction.
 
     Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
@@ -209,50 +215,58 @@ def enqueue(
     inserted and the original task comes back with ``created=False``.
     """
     now = options.pop("now", None)
-    spec = prepare(type, payload, **options)
+    return _insert(prepare(type, payload, **options), now)
+
+
+def _insert(spec: TaskSpec, now: datetime | None) -> Op[EnqueueResult]:
     with tracing.submit_span(spec.type, spec.queue) as trace_context:
-        task, created = run(conn, queries.task_insert(spec, now, trace_context))
+        task, created = yield from queries.task_insert(spec, now, trace_context)
     return EnqueueResult(task, created)
 
 
+@atomic_operation
 def enqueue_many(
-    conn: Any, /, tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
-) -> list[EnqueueResult]:
+    tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
+) -> Op[list[EnqueueResult]]:
     """Submit many tasks in one statement; results come back in the order given.
 
     Items are ``pgqueue.prepare(...)`` results or dicts of enqueue's arguments. Every item is
     validated before anything is written, so one bad item rejects the whole batch.
     """
-    specs = as_specs(tasks)
+    return _insert_many(as_specs(tasks), now)
+
+
+def _insert_many(specs: list[TaskSpec], now: datetime | None) -> Op[list[EnqueueResult]]:
     type_, queue = tracing.batch_names({s.type for s in specs}, {s.queue for s in specs})
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
-        op = queries.task_insert_many(specs, now, trace_context)
-        return [EnqueueResult(t, c) for t, c in run(conn, op, atomic=True)]
+        rows = yield from queries.task_insert_many(specs, now, trace_context)
+    return [EnqueueResult(t, c) for t, c in rows]
 
 
 # --- inspecting and operating ----------------------------------------------------------------
 
 
-def get_task(conn: Any, /, task_id: uuid.UUID | str) -> Task:
+@operation
+def get_task(task_id: uuid.UUID | str) -> Op[Task]:
     """The task with this id; TaskNotFound for an unknown (or malformed) id."""
-    return run(conn, queries.task_get(parse_task_id(task_id)))
+    return queries.task_get(parse_task_id(task_id))
 
 
+@operation
 def list_tasks(
-    conn: Any,
-    /,
     *,
     status: TaskStatus | str | None = None,
     type: str | None = None,
     queue: str | None = None,
     limit: int = 50,
     before: Task | tuple[datetime, uuid.UUID] | None = None,
-) -> list[Task]:
+) -> Op[list[Task]]:
     """Tasks newest first; pass the last task of a page as ``before`` for the next page."""
-    return run(conn, queries.task_list(**list_args(status, type, queue, limit, before)))
+    return queries.task_list(**list_args(status, type, queue, limit, before))
 
 
-def cancel(conn: Any, /, task_id: uuid.UUID | str, *, now: datetime | None = None) -> Task:
+@operation
+def cancel(task_id: uuid.UUID | str, *, now: datetime | None = None) -> Op[Task]:
     """Cancel a task.
 
     A queued (or scheduled) task becomes ``cancelled`` and will never run. A running task
@@ -260,19 +274,18 @@ def cancel(conn: Any, /, task_id: uuid.UUID | str, *, now: datetime | None = Non
     ``context.should_stop()`` turn true and may raise ``Cancel``; if it completes anyway, the
     result stands. A finished task raises InvalidTaskState.
     """
-    return run(conn, queries.task_cancel(parse_task_id(task_id), now))
+    return queries.task_cancel(parse_task_id(task_id), now)
 
 
+@operation
 def replay(
-    conn: Any,
-    /,
     ids: Sequence[uuid.UUID | str] | None = None,
     *,
     type: str | None = None,
     queue: str | None = None,
     limit: int = 1000,
     now: datetime | None = None,
-) -> list[uuid.UUID]:
+) -> Op[list[uuid.UUID]]:
     """Move dead letters (by id, or all matching the filters) back to queued with fresh attempts.
 
     Works in batches of at most ``limit``; call again until it returns an empty list to replay
@@ -280,62 +293,66 @@ def replay(
     """
     check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
-    return run(conn, queries.task_replay(parsed, type, queue, check_limit(limit), now))
+    return queries.task_replay(parsed, type, queue, check_limit(limit), now)
 
 
+@operation
 def discard(
-    conn: Any,
-    /,
     ids: Sequence[uuid.UUID | str] | None = None,
     *,
     type: str | None = None,
     queue: str | None = None,
     limit: int = 1000,
-) -> list[uuid.UUID]:
+) -> Op[list[uuid.UUID]]:
     """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids."""
     check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
-    return run(conn, queries.task_discard(parsed, type, queue, check_limit(limit)))
+    return queries.task_discard(parsed, type, queue, check_limit(limit))
 
 
-def queue_stats(conn: Any) -> list[QueueStats]:
+@operation
+def queue_stats() -> Op[list[QueueStats]]:
     """Depth per queue, priority and status, with the age of the oldest ready task. It counts
     the finished tasks kept too, so it reads the whole table: for something asked every few
     seconds (a scraper, a dashboard, an autoscaler), use :func:`backlog`."""
-    return run(conn, queries.queue_depth())
+    return queries.queue_depth()
 
 
 MAX_SERIES_MINUTES = 1440  # a day of per-minute points
 
 
+@operation
 def throughput_series(
-    conn: Any, /, *, minutes: int = 60, queue: str | None = None, now: datetime | None = None
-) -> list[ThroughputPoint]:
+    *, minutes: int = 60, queue: str | None = None, now: datetime | None = None
+) -> Op[list[ThroughputPoint]]:
     """Tasks completed and dead-lettered per minute over the last ``minutes`` (at most a day),
     oldest first with every minute present, of ``queue`` or of every queue."""
     check_filters(queue=queue)
     span = check_limit(minutes, "minutes", MAX_SERIES_MINUTES)
-    return run(conn, queries.throughput_series(span, queue, now))
+    return queries.throughput_series(span, queue, now)
 
 
-def recent_failures(conn: Any, /, *, limit: int = 20) -> list[Failure]:
+@operation
+def recent_failures(*, limit: int = 20) -> Op[list[Failure]]:
     """Recent failures: up to ``limit`` tasks waiting for a retry after a failed attempt
     (latest next attempt first), then up to ``limit`` dead letters (newest first)."""
-    return run(conn, queries.task_failures(check_limit(limit)))
+    return queries.task_failures(check_limit(limit))
 
 
-def overview(conn: Any) -> list[QueueStats]:
+@operation
+def overview() -> Op[list[QueueStats]]:
     """Depth per queue, priority and status of waiting, running and dead-lettered tasks (not
     completed or cancelled ones): what `pgqueue stats`, the API and the dashboard show, read
     through partial indexes, so it may be asked every few seconds."""
-    return run(conn, queries.queue_overview())
+    return queries.queue_overview()
 
 
-def backlog(conn: Any, /, queues: Sequence[str] | None = None) -> list[QueueBacklog]:
+@operation
+def backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     """Per queue (these, or all) and priority: ready, scheduled and running tasks and the age
     of the oldest ready one, read from waiting and running tasks only (the autoscaling
     signal; ``pgqueue.backlog`` in SQL)."""
-    return run(conn, queries.queue_backlog(queues))
+    return queries.queue_backlog(queues)
 
 
 def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime], TaskSpec]:
@@ -351,73 +368,80 @@ def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime],
     return make
 
 
+def _enqueue_results(rows: list[tuple[Task, bool]]) -> list[EnqueueResult]:
+    return [EnqueueResult(t, c) for t, c in rows]
+
+
+@atomic_operation
 def run_schedule(
-    conn: Any, /, schedule: Schedule, *, registry: Any = None, now: datetime | None = None
-) -> list[EnqueueResult]:
+    schedule: Schedule, *, registry: Any = None, now: datetime | None = None
+) -> Op[list[EnqueueResult]]:
     """Enqueue the schedule's due ticks, once across every caller (see TaskRegistry.periodic).
     Workers do this on their own; call it to drive a schedule from elsewhere."""
     moment = now or datetime.now(UTC)
     op = queries.schedule_run(schedule, _tick_spec(schedule, registry), moment)
-    return [EnqueueResult(t, c) for t, c in run(conn, op, atomic=True)]
+    return mapped(op, _enqueue_results)
 
 
-def list_schedules(conn: Any) -> list[dict[str, Any]]:
+@operation
+def list_schedules() -> Op[list[dict[str, Any]]]:
     """Every schedule a worker has declared: cron, time zone, last tick and next run."""
-    return run(conn, queries.schedule_list())
+    return queries.schedule_list()
 
 
+@operation
 def promote_aged(
-    conn: Any, /, *, after_seconds: float, limit: int = 1000, now: datetime | None = None
-) -> list[uuid.UUID]:
+    *, after_seconds: float, limit: int = 1000, now: datetime | None = None
+) -> Op[list[uuid.UUID]]:
     """The starvation policy, one batch: queued tasks ready for ``after_seconds`` move up one
     priority and wait another ``after_seconds`` before the next step. Workers run this in
     their maintenance (``--promote-after``); call it yourself to run it elsewhere."""
     seconds = check_seconds("after_seconds", after_seconds)
-    promoted = run(conn, queries.task_promote(seconds, check_limit(limit), now))
-    return [task_id for task_id, *_ in promoted]
+    op = queries.task_promote(seconds, check_limit(limit), now)
+    return mapped(op, lambda promoted: [task_id for task_id, *_ in promoted])
 
 
-def pause_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+@operation
+def pause_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
     """Stop every worker from claiming tasks of ``queue`` (from their next claim: within a
     poll interval, across processes and hosts) until it is resumed; it stays paused across
     restarts. Tasks already running finish. Submitting to a paused queue still works."""
-    return run(conn, queries.queue_pause(check_name("queue", queue), now))
+    return queries.queue_pause(check_name("queue", queue), now)
 
 
-def resume_queue(conn: Any, /, queue: str, *, now: datetime | None = None) -> QueueState:
+@operation
+def resume_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
     """Let workers claim from ``queue`` again; idle workers are woken when you commit."""
-    return run(conn, queries.queue_resume(check_name("queue", queue), now))
+    return queries.queue_resume(check_name("queue", queue), now)
 
 
-def list_queues(conn: Any) -> list[QueueState]:
+@operation
+def list_queues() -> Op[list[QueueState]]:
     """Queues with unfinished tasks or a setting, and whether each is paused."""
-    return run(conn, queries.queue_list())
+    return queries.queue_list()
 
 
+@operation
 def set_queue_retention(
-    conn: Any,
-    /,
     queue: str,
     *,
     completed: float | None = None,
     dead: float | None = None,
     now: datetime | None = None,
-) -> QueueState:
+) -> Op[QueueState]:
     """Keep this queue's completed and cancelled tasks ``completed`` seconds, and its dead
     letters ``dead`` seconds, instead of the workers' defaults (None: the default). Both are
     set at once; pruning applies them from its next round on, to tasks already finished too."""
-    op = queries.queue_set_retention(
+    return queries.queue_set_retention(
         check_name("queue", queue),
         retention_value("completed", completed),
         retention_value("dead", dead),
         now,
     )
-    return run(conn, op)
 
 
+@operation
 def set_limit(
-    conn: Any,
-    /,
     *,
     type: str | None = None,
     queue: str | None = None,
@@ -425,48 +449,49 @@ def set_limit(
     rate: int | None = None,
     per: float = 1.0,
     now: datetime | None = None,
-) -> Limit:
+) -> Op[Limit]:
     """Limit the tasks of one ``type`` (or one ``queue``) across every worker: at most
     ``max_running`` at once, at most ``rate`` starts in any ``per``-second window, or both.
     The limit is set as a whole (a part left None is no limit of that kind) and is enforced
     in the database, so it holds however many worker processes and hosts run; claims obey it
     from the next one on. 0 stops the tasks without pausing the queue."""
     kind, name = limit_target(type, queue)
-    op = queries.limit_set(kind, name, *limit_values(max_running, rate, per), now)
-    return run(conn, op)
+    return queries.limit_set(kind, name, *limit_values(max_running, rate, per), now)
 
 
-def clear_limit(conn: Any, /, *, type: str | None = None, queue: str | None = None) -> bool:
+@operation
+def clear_limit(*, type: str | None = None, queue: str | None = None) -> Op[bool]:
     """Remove the limit on a type or queue (its tasks are claimed as any others); whether
     there was one."""
-    return run(conn, queries.limit_clear(*limit_target(type, queue)))
+    return queries.limit_clear(*limit_target(type, queue))
 
 
-def list_limits(conn: Any, /, *, now: datetime | None = None) -> list[Limit]:
+@operation
+def list_limits(*, now: datetime | None = None) -> Op[list[Limit]]:
     """Every limit, with the tasks running under it and its starts in the rate window."""
-    return run(conn, queries.limit_list(now))
+    return queries.limit_list(now)
 
 
+@operation
 def throughput(
-    conn: Any, /, *, window_seconds: float = 60, now: datetime | None = None
-) -> list[QueueThroughput]:
+    *, window_seconds: float = 60, now: datetime | None = None
+) -> Op[list[QueueThroughput]]:
     """Per queue, the tasks completed and dead-lettered in the last ``window_seconds``."""
-    return run(conn, queries.queue_throughput(check_window(window_seconds), now))
+    return queries.queue_throughput(check_window(window_seconds), now)
 
 
 # --- working (what a worker calls) -----------------------------------------------------------
 
 
+@atomic_operation
 def claim(
-    conn: Any,
-    /,
     queues: Sequence[str],
     *,
     limit: int,
     worker_id: str,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     now: datetime | None = None,
-) -> list[ClaimedTask]:
+) -> Op[list[ClaimedTask]]:
     """Claim up to ``limit`` ready tasks: marks them running, counts the attempt, sets a lease.
 
     Commit promptly: the claim's row locks (and, when limits exist, the limits lock) are held
@@ -479,87 +504,86 @@ def claim(
         lease_seconds=check_lease(lease_seconds),
         now=now,
     )
-    return run(conn, op, atomic=True)[0]
+    return mapped(op, lambda round_: round_[0])
 
 
-def complete(
-    conn: Any, /, lease: Lease, result: Any = None, *, now: datetime | None = None
-) -> None:
+@operation
+def complete(lease: Lease, result: Any = None, *, now: datetime | None = None) -> Op[None]:
     """Record success; raises LeaseLost (and writes nothing) if the lease is no longer held."""
-    run(conn, queries.task_complete(lease, _results([(lease, result)])[0][1], now))
+    return queries.task_complete(lease, _results([(lease, result)])[0][1], now)
 
 
+@operation
 def complete_many(
-    conn: Any, /, results: Iterable[tuple[Lease, Any]], *, now: datetime | None = None
-) -> set[uuid.UUID]:
+    results: Iterable[tuple[Lease, Any]], *, now: datetime | None = None
+) -> Op[set[uuid.UUID]]:
     """Record many successes in one statement; returns the ids whose lease was still held."""
-    return run(conn, queries.task_complete_many(_results(results), now))
+    return queries.task_complete_many(_results(results), now)
 
 
+@operation
 def fail(
-    conn: Any,
-    /,
     lease: Lease,
     error: str,
     *,
     retry_after: float | None = None,
     policy: RetryPolicy | None = None,
     now: datetime | None = None,
-) -> FailResult:
+) -> Op[FailResult]:
     """Record a failed attempt: retried after backoff (or ``retry_after`` seconds), or
     dead-lettered when attempts are spent. Raises LeaseLost if the lease is no longer held.
 
     ``policy`` (a task type's RetryPolicy) replaces the task's own max attempts and backoff
     from this attempt on."""
-    return run(conn, queries.task_fail(lease, error, check_retry_after(retry_after), now, policy))
+    return queries.task_fail(lease, error, check_retry_after(retry_after), now, policy)
 
 
-def cancel_leased(conn: Any, /, lease: Lease, reason: str, *, now: datetime | None = None) -> None:
+@operation
+def cancel_leased(lease: Lease, reason: str, *, now: datetime | None = None) -> Op[None]:
     """The holder cancels its own task (a handler raised Cancel): final, not retried."""
-    run(conn, queries.task_cancel_leased(lease, reason, now))
+    return queries.task_cancel_leased(lease, reason, now)
 
 
+@operation
 def heartbeat(
-    conn: Any,
-    /,
     leases: Sequence[Lease],
     *,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     now: datetime | None = None,
-) -> HeartbeatResult:
+) -> Op[HeartbeatResult]:
     """Extend leases still held; the result lists them and any cancellation requests."""
-    return run(conn, queries.task_heartbeat(leases, check_lease(lease_seconds), now))
+    return queries.task_heartbeat(leases, check_lease(lease_seconds), now)
 
 
-def release(
-    conn: Any, /, leases: Sequence[Lease], *, now: datetime | None = None
-) -> set[uuid.UUID]:
+@operation
+def release(leases: Sequence[Lease], *, now: datetime | None = None) -> Op[set[uuid.UUID]]:
     """Give tasks back without counting the attempt (graceful shutdown)."""
-    return run(conn, queries.task_release(leases, now))
+    return queries.task_release(leases, now)
 
 
-def sweep_expired(conn: Any, /, *, limit: int = 1000, now: datetime | None = None) -> SweepResult:
+@operation
+def sweep_expired(*, limit: int = 1000, now: datetime | None = None) -> Op[SweepResult]:
     """Requeue (or dead-letter) running tasks whose lease expired; one batch per call."""
-    return run(conn, queries.task_sweep_expired(check_limit(limit), now))
+    return queries.task_sweep_expired(check_limit(limit), now)
 
 
+@operation
 def prune(
-    conn: Any,
-    /,
     *,
     completed_after: float = DEFAULT_COMPLETED_RETENTION,
     dead_after: float = DEFAULT_DEAD_RETENTION,
     limit: int = 1000,
     now: datetime | None = None,
-) -> int:
+) -> Op[int]:
     """Delete completed/cancelled tasks older than ``completed_after`` seconds and dead letters
     older than ``dead_after`` (or their queue's own retention, :func:`set_queue_retention`);
     at most ``limit`` of each per call. Returns how many went."""
     check_limit(limit)
-    done = run(
-        conn,
-        queries.task_prune(
-            [TaskStatus.COMPLETED, TaskStatus.CANCELLED], completed_after, limit, now
-        ),
-    )
-    return done + run(conn, queries.task_prune([TaskStatus.FAILED], dead_after, limit, now))
+    return _prune(completed_after, dead_after, limit, now)
+
+
+def _prune(completed_after: float, dead_after: float, limit: int, now: datetime | None) -> Op[int]:
+    finished = [TaskStatus.COMPLETED, TaskStatus.CANCELLED]
+    done: int = yield from queries.task_prune(finished, completed_after, limit, now)
+    dead: int = yield from queries.task_prune([TaskStatus.FAILED], dead_after, limit, now)
+    return done + dead

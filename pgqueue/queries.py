@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import re
 import uuid
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -46,6 +47,7 @@ from pgqueue.models import (
 )
 
 T = TypeVar("T")
+U = TypeVar("U")
 Row = dict[str, Any]
 
 
@@ -132,25 +134,30 @@ def _drive(raw: psycopg.Connection[Any], op: Op[T]) -> T:
     try:
         query = next(op)
         while True:
-            with raw.cursor(row_factory=dict_row) as cur:
-                try:
-                    if isinstance(query, Copy):
-                        with cur.copy(sql[query.name]) as copy:
-                            copy.set_types(query.types)
-                            for row in query.rows:
-                                copy.write_row(row)
-                        rows: list[Row] = []
-                    else:
-                        cur.execute(sql[query.name], query.params, prepare=query.prepare)
-                        rows = cur.fetchall() if cur.description is not None else []
-                except psycopg.Error as exc:
-                    translated = _translate(exc)
-                    if translated is None:
-                        raise
-                    raise translated from exc
-            query = op.send(rows)
+            try:
+                rows = _execute(raw, sql, query)
+            except BaseException as exc:
+                # Thrown into the operation, so that what it holds open (a tracing span)
+                # ends with the real error; it propagates from there.
+                query = op.throw(_translated(exc))
+            else:
+                query = op.send(rows)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def _execute(
+    raw: psycopg.Connection[Any], sql: Mapping[str, str], query: Query | Copy
+) -> list[Row]:
+    with raw.cursor(row_factory=dict_row) as cur:
+        if isinstance(query, Copy):
+            with cur.copy(sql[query.name]) as copy:
+                copy.set_types(query.types)
+                for row in query.rows:
+                    copy.write_row(row)
+            return []
+        cur.execute(sql[query.name], query.params, prepare=query.prepare)
+        return cur.fetchall() if cur.description is not None else []
 
 
 async def arun(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
@@ -167,25 +174,114 @@ async def _adrive(raw: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     try:
         query = next(op)
         while True:
-            async with raw.cursor(row_factory=dict_row) as cur:
-                try:
-                    if isinstance(query, Copy):
-                        async with cur.copy(sql[query.name]) as copy:
-                            copy.set_types(query.types)
-                            for row in query.rows:
-                                await copy.write_row(row)
-                        rows: list[Row] = []
-                    else:
-                        await cur.execute(sql[query.name], query.params, prepare=query.prepare)
-                        rows = await cur.fetchall() if cur.description is not None else []
-                except psycopg.Error as exc:
-                    translated = _translate(exc)
-                    if translated is None:
-                        raise
-                    raise translated from exc
-            query = op.send(rows)
+            try:
+                rows = await _aexecute(raw, sql, query)
+            except BaseException as exc:  # cancellation too: see _drive
+                query = op.throw(_translated(exc))
+            else:
+                query = op.send(rows)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+async def _aexecute(
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], query: Query | Copy
+) -> list[Row]:
+    async with raw.cursor(row_factory=dict_row) as cur:
+        if isinstance(query, Copy):
+            async with cur.copy(sql[query.name]) as copy:
+                copy.set_types(query.types)
+                for row in query.rows:
+                    await copy.write_row(row)
+            return []
+        await cur.execute(sql[query.name], query.params, prepare=query.prepare)
+        return await cur.fetchall() if cur.description is not None else []
+
+
+def _translated(exc: BaseException) -> BaseException:
+    """What the caller sees for an error of the driver: pgqueue's own error where one says
+    more (as ``raise ... from exc``), else the error itself."""
+    translated = _translate(exc) if isinstance(exc, psycopg.Error) else None
+    if translated is None:
+        return exc
+    translated.__cause__ = exc
+    translated.__suppress_context__ = True
+    return translated
+
+
+# --- one operation, two drivers --------------------------------------------------------------
+
+P = ParamSpec("P")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Operation(Protocol[P, R_co]):
+    """An operation bound to the sync driver, with its async twin as ``.aio``.
+
+    Both take the caller's connection first and the builder's arguments after it; the
+    builder (validation, then the sans-IO op) is the only place the operation is written.
+    """
+
+    def __call__(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    @property
+    def aio(self) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R_co]]: ...
+
+
+def operation(build: Callable[P, Op[T]]) -> Operation[P, T]:
+    """Bind an op builder to :func:`run` (the returned function) and :func:`arun` (its
+    ``.aio``). The builder validates its arguments before returning the op, so bad input is
+    refused before a connection is touched, in both forms alike."""
+    return _bind(build, atomic=False)
+
+
+def atomic_operation(build: Callable[P, Op[T]]) -> Operation[P, T]:
+    """As :func:`operation`, for ops of several statements that must not half-happen."""
+    return _bind(build, atomic=True)
+
+
+def _bind(build: Callable[P, Op[T]], *, atomic: bool) -> Operation[P, T]:
+    def call(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return run(conn, build(*args, **kwargs), atomic=atomic)
+
+    async def acall(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await arun(conn, build(*args, **kwargs), atomic=atomic)
+
+    def call_plain(conn: Any) -> T:
+        return run(conn, build(), atomic=atomic)  # type: ignore[call-arg]
+
+    async def acall_plain(conn: Any) -> T:
+        return await arun(conn, build(), atomic=atomic)  # type: ignore[call-arg]
+
+    # An operation of the connection alone takes it by keyword too, as it always has.
+    plain = not inspect.signature(build).parameters
+    sync: Any = call_plain if plain else call
+    aio: Any = acall_plain if plain else acall
+    signature = _bound_signature(build, plain)
+    for fn, module in ((sync, build.__module__), (aio, "pgqueue.aio")):
+        functools.update_wrapper(fn, build)
+        fn.__module__ = module
+        fn.__signature__ = signature
+        del fn.__wrapped__
+    sync.aio = aio
+    return cast(Operation[P, T], sync)
+
+
+def _bound_signature(build: Callable[..., Any], plain: bool) -> inspect.Signature:
+    """The builder's signature with the connection first and ``Op[T]`` shown as ``T``: what
+    help(), IDEs and the docs show for both forms."""
+    sig = inspect.signature(build)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if plain else inspect.Parameter.POSITIONAL_ONLY
+    conn = inspect.Parameter("conn", kind, annotation="Any")
+    returns = sig.return_annotation
+    if isinstance(returns, str) and returns.startswith("Op[") and returns.endswith("]"):
+        returns = returns[3:-1]
+    return sig.replace(parameters=[conn, *sig.parameters.values()], return_annotation=returns)
+
+
+def mapped(op: Op[T], fn: Callable[[T], U]) -> Op[U]:
+    """``op`` with ``fn`` applied to its result."""
+    return fn((yield from op))
 
 
 # --- operations ------------------------------------------------------------------------------
