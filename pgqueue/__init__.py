@@ -85,9 +85,8 @@ from pgqueue.operations import (
     throughput_series,
 )
 from pgqueue.registry import Cancel, Retry, TaskRegistry
+from pgqueue.version import __version__
 from pgqueue.worker import Worker, WorkerConfig
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Cancel",

@@ -62,7 +62,7 @@ def _api() -> Any:
 def _get_tracer() -> Any:
     global _tracer
     if _tracer is None:
-        from pgqueue import __version__
+        from pgqueue.version import __version__
 
         _tracer = _api().get_tracer(INSTRUMENTATION, __version__)
     return _tracer
