@@ -23,6 +23,7 @@ overview = _ops.overview.aio
 backlog = _ops.backlog.aio
 run_schedule = _ops.run_schedule.aio
 list_schedules = _ops.list_schedules.aio
+promote_aged = _ops.promote_aged.aio
 pause_queue = _ops.pause_queue.aio
 resume_queue = _ops.resume_queue.aio
 list_queues = _ops.list_queues.aio
