@@ -15,7 +15,7 @@ import json
 import re
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, cast
 
@@ -495,6 +495,11 @@ def task_list(
     return [Task.from_row(r) for r in rows]
 
 
+# Where a walk of the claim index starts when it starts at the beginning.
+FROM_THE_START = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
+ClaimStarts = Mapping[tuple[str, int], tuple[datetime, uuid.UUID]]
+
+
 def task_claim(
     *,
     queues: Sequence[str],
@@ -502,17 +507,22 @@ def task_claim(
     owner: str,
     lease_seconds: float,
     now: datetime | None = None,
+    starts: ClaimStarts | None = None,
 ) -> Op[list[ClaimedTask]]:
-    """The ordinary claim: tasks no limit covers (see claim_round for the rest)."""
+    """The ordinary claim: tasks no limit covers (see claim_round for the rest).
+
+    One walk of the claim index per queue and priority, each from the start of its range or,
+    for the pairs in ``starts``, after the (created_at, id) given there."""
+    starts = starts or {}
+    params: dict[str, Any] = {"queues": list(queues)}
+    for level in Priority:
+        after = [starts.get((q, level), FROM_THE_START) for q in queues]
+        name = level.name.lower()
+        params[f"{name}_after"] = [created for created, _ in after]
+        params[f"{name}_after_id"] = [task_id for _, task_id in after]
     rows = yield Query(
         "task_claim",
-        {
-            "queues": list(queues),
-            "limit": limit,
-            "owner": owner,
-            "lease_seconds": lease_seconds,
-            "now": now,
-        },
+        {**params, "limit": limit, "owner": owner, "lease_seconds": lease_seconds, "now": now},
     )
     return _claimed(rows)
 
@@ -535,6 +545,7 @@ def claim_round(
     lease_seconds: float,
     now: datetime | None = None,
     probed: LimitsProbe | None = None,
+    starts: ClaimStarts | None = None,
 ) -> Op[tuple[list[ClaimedTask], bool]]:
     """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
     whether any limit exists. Run it atomic: the limits lock lasts until commit. ``probed``:
@@ -550,10 +561,17 @@ def claim_round(
         lock = yield Query("limits_try_lock", {})
         if lock[0]["locked"]:
             limited = yield Query("task_claim_limited", {**params, "limit": limit})
-    rows = limited
     if len(limited) < limit:
-        rows = limited + (yield Query("task_claim", {**params, "limit": limit - len(limited)}))
-    return _claimed(rows), probe.limited
+        ordinary = task_claim(
+            queues=queues,
+            limit=limit - len(limited),
+            owner=owner,
+            lease_seconds=lease_seconds,
+            now=now,
+            starts=starts,
+        )
+        return _claimed(limited) + (yield from ordinary), probe.limited
+    return _claimed(limited), probe.limited
 
 
 def _claimed(rows: list[Row]) -> list[ClaimedTask]:

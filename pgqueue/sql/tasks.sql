@@ -95,33 +95,56 @@ SELECT * FROM pgqueue.tasks
 -- name: task_claim
 -- The heart of the queue. The CTE picks the next visible tasks in (priority, created_at)
 -- order and SKIP LOCKED lets concurrent claimers pass each other's rows instead of waiting;
--- doing it in a CTE stops the planner from updating more rows than LIMIT. Each queue is read
--- by its own LATERAL walk of the claim index, whose order is (queue, priority, created_at):
--- `queue = ANY(...)` would instead read and sort the whole backlog on every claim (27 ms at
--- 60,000 tasks, growing with the backlog). The few rows per queue are then merged. A paused
--- queue (pgqueue.queues, one primary-key probe per queue) is skipped. Tasks under a limit
--- (pgqueue.limits: their type or their queue has one) are left to task_claim_limited. Each
--- claim counts an attempt and issues a fresh lease token, so a previous holder's writes are
--- fenced.
+-- doing it in a CTE stops the planner from updating more rows than LIMIT. Each queue and
+-- priority is read by its own LATERAL walk of the claim index, whose order is (queue,
+-- priority, created_at, id): `queue = ANY(...)` would instead read and sort the whole backlog
+-- on every claim (27 ms at 60,000 tasks, growing with the backlog). The few rows per walk are
+-- then merged. A paused queue (pgqueue.queues, one primary-key probe per queue) is skipped.
+-- Tasks under a limit (pgqueue.limits: their type or their queue has one) are left to
+-- task_claim_limited. Each claim counts an attempt and issues a fresh lease token, so a
+-- previous holder's writes are fenced.
+-- Each walk starts after (after_created, after_id), '-infinity' for the whole range: every
+-- claimed task leaves a claim-index entry that only vacuum removes, and while an old snapshot
+-- is open (an idle transaction, a report, pg_dump) vacuum cannot, so a walk from the start
+-- steps over every task claimed since; a worker starts its walks where its last claim ended
+-- (see pgqueue/worker/claim_starts.py).
 -- The limits are probed by primary key (NOT EXISTS), not compared with an array of their
 -- names: for `type <> ALL(array)` the planner guesses that almost no task passes, and then
 -- reads and sorts the whole backlog instead of walking the index.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 next AS (
     SELECT c.id
-      FROM clock, unnest(%(queues)s::text[]) AS q(name)
+      FROM clock,
+           unnest(%(queues)s::text[],
+                  %(high_after)s::timestamptz[], %(high_after_id)s::uuid[],
+                  %(normal_after)s::timestamptz[], %(normal_after_id)s::uuid[],
+                  %(low_after)s::timestamptz[], %(low_after_id)s::uuid[])
+           AS w(queue, high_after, high_after_id, normal_after, normal_after_id, low_after,
+                low_after_id)
      CROSS JOIN LATERAL (
-           SELECT id, priority, created_at FROM pgqueue.tasks
-            WHERE status = 'queued' AND queue = q.name AND visible_after <= clock.now
-              AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                               WHERE l.kind = 'type' AND l.name = tasks.type)
-            ORDER BY priority, created_at, id
+           -- The levels in turn, each walk pulled only as far as the batch still needs, so
+           -- no more rows are locked than are claimed.
+           SELECT walk.*
+             FROM unnest(ARRAY[0, 1, 2]::smallint[],
+                         ARRAY[w.high_after, w.normal_after, w.low_after],
+                         ARRAY[w.high_after_id, w.normal_after_id, w.low_after_id])
+                  AS level(priority, after_created, after_id)
+            CROSS JOIN LATERAL (
+                  SELECT id, priority, created_at FROM pgqueue.tasks
+                   WHERE status = 'queued' AND queue = w.queue AND priority = level.priority
+                     AND (created_at, id) > (level.after_created, level.after_id)
+                     AND visible_after <= clock.now
+                     AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
+                                      WHERE l.kind = 'type' AND l.name = tasks.type)
+                   ORDER BY created_at, id
+                   LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED
+                  ) AS walk
             LIMIT %(limit)s
-              FOR UPDATE SKIP LOCKED
            ) AS c
-     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = w.queue AND p.paused)
        AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                        WHERE l.kind = 'queue' AND l.name = q.name)
+                        WHERE l.kind = 'queue' AND l.name = w.queue)
      ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 )
