@@ -309,12 +309,23 @@ SELECT * FROM claimed;
 
 -- name: task_complete
 -- Record results for many tasks at once, each only where the caller still holds the lease.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+-- Every statement that writes many leased rows (this one, task_heartbeat, task_release)
+-- locks them first in id order: two of them over the same rows, each locking in its own
+-- order, would deadlock (a worker's heartbeat and its completions did).
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::text[])
+                 AS v(id, token, result)),
+locked AS MATERIALIZED (
+    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
+     WHERE t.status = 'running'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
 UPDATE pgqueue.tasks AS t
    SET status = 'completed', result = v.result::jsonb, finished_at = clock.now,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::text[]) AS v(id, token, result)
- WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+  FROM clock, locked, v
+ WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
 RETURNING t.id;
 
 -- name: task_fail
@@ -367,24 +378,40 @@ RETURNING t.id;
 -- name: task_heartbeat
 -- Extend the leases the caller still holds; the answer says which are still held and
 -- whether someone asked for cooperative cancellation.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+-- Rows locked in id order first, as task_complete says why.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
+locked AS MATERIALIZED (
+    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
+     WHERE t.status = 'running'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
 UPDATE pgqueue.tasks AS t
    SET lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second'
-  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
- WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+  FROM clock, locked, v
+ WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
 RETURNING t.id, t.cancel_requested, t.lease_expires_at;
 
 -- name: task_release
 -- Hand tasks back untouched (graceful shutdown): queued at once, the attempt not counted.
 -- A task whose cancellation was requested is cancelled instead of going back.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+-- Rows locked in id order first, as task_complete says why.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
+locked AS MATERIALIZED (
+    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
+     WHERE t.status = 'running'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
        finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
        attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM clock, unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
- WHERE t.id = v.id AND t.lease_token = v.token AND t.status = 'running'
+  FROM clock, locked, v
+ WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
 RETURNING t.id, t.queue, t.status;
 
 -- name: task_sweep_expired
