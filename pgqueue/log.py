@@ -17,9 +17,43 @@ logger = logging.getLogger("pgqueue")
 logger.addHandler(logging.NullHandler())  # a library stays quiet until configured
 
 
-def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
+# LogRecord's own attributes: a field of that name stays in pgqueue_fields only.
+_RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class _EventMessage:
+    """The record's message: the event's name and its fields, rendered only when a handler
+    formats the record. So a plain ``logging.basicConfig()`` shows
+    ``task.lease_expired task_id=... type=... attempt=...``, not the bare name."""
+
+    __slots__ = ("fields", "name")
+
+    def __init__(self, name: str, fields: dict[str, Any]) -> None:
+        self.name, self.fields = name, fields
+
+    def __str__(self) -> str:
+        return " ".join([self.name, *render_fields(self.fields)])
+
+
+def event(name: str, level: int = logging.INFO, /, **fields: Any) -> None:
+    """Log one event. The fields ride along three ways: in the message (for any formatter),
+    as attributes of the record (``%(task_id)s`` in a format string, or a JSON formatter that
+    dumps extras), and whole under ``pgqueue_fields`` (pgqueue's own formatters)."""
     if logger.isEnabledFor(level):
-        logger.log(level, name, extra={"pgqueue_event": name, "pgqueue_fields": fields})
+        extra = {k: v for k, v in fields.items() if k not in _RESERVED}
+        extra.update(pgqueue_event=name, pgqueue_fields=fields)
+        logger.log(level, _EventMessage(name, fields), extra=extra)
+
+
+def render_fields(fields: dict[str, Any]) -> list[str]:
+    """``key=value`` each, quoted where the value is empty or has spaces, quotes or ``=``."""
+    parts = []
+    for key, value in fields.items():
+        text = str(value)
+        if not text or any(c.isspace() or c in '"=' for c in text):
+            text = json.dumps(text)
+        parts.append(f"{key}={text}")
+    return parts
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -33,13 +67,7 @@ class TextFormatter(logging.Formatter):
         # One event, one line: another library's message (psycopg's pool quotes the server's
         # multi-line errors) has its line breaks escaped.
         message = record.getMessage().replace("\n", "\\n").replace("\t", " ")
-        parts = [f"{ts}Z", f"{record.levelname:<7}", message]
-        for key, value in _fields(record).items():
-            text = str(value)
-            if not text or any(c.isspace() or c in '"=' for c in text):
-                text = json.dumps(text)
-            parts.append(f"{key}={text}")
-        line = " ".join(parts)
+        line = " ".join([f"{ts}Z", f"{record.levelname:<7}", message])
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
