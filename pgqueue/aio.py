@@ -21,6 +21,7 @@ discard = _ops.discard.aio
 queue_stats = _ops.queue_stats.aio
 overview = _ops.overview.aio
 backlog = _ops.backlog.aio
+oldest_snapshot = _ops.oldest_snapshot.aio
 run_schedule = _ops.run_schedule.aio
 list_schedules = _ops.list_schedules.aio
 promote_aged = _ops.promote_aged.aio

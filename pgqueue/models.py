@@ -279,6 +279,24 @@ class QueueBacklog:
 
 
 @dataclasses.dataclass(frozen=True)
+class OldestSnapshot:
+    """What holds back the cleanup of finished tasks longest (``pgqueue.oldest_snapshot``):
+    a session's open transaction, a replication slot or a prepared transaction. While it
+    stays, vacuum cannot remove what claims and completions leave behind.
+
+    ``seconds`` is how long it has been open (None for a replication slot, which has no
+    start time, and for another role's session without pg_read_all_stats); ``xid_age`` how
+    many transactions ago its snapshot was taken."""
+
+    kind: str  # 'session', 'replication slot' or 'prepared transaction'
+    holder: str
+    pid: int | None
+    state: str | None
+    seconds: float | None
+    xid_age: int
+
+
+@dataclasses.dataclass(frozen=True)
 class QueueStats:
     """One row of the depth view: a queue, a priority and a status."""
 

@@ -30,6 +30,7 @@ from pgqueue.models import (
     Lease,
     Limit,
     LimitKind,
+    OldestSnapshot,
     QueueBacklog,
     QueueState,
     QueueStats,
@@ -353,6 +354,19 @@ def backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     of the oldest ready one, read from waiting and running tasks only (the autoscaling
     signal; ``pgqueue.backlog`` in SQL)."""
     return queries.queue_backlog(queues)
+
+
+SNAPSHOT_WARN_SECONDS = 60.0  # what stats, /metrics and the dashboard flag by default
+
+
+@operation
+def oldest_snapshot() -> Op[OldestSnapshot | None]:
+    """The oldest snapshot holding back cleanup of ``pgqueue.tasks`` in this database (a
+    session idle in a transaction, a long report or ``pg_dump``, a replication slot, a
+    prepared transaction), or None. Workers keep their claims cheap while one is open, but
+    the table and its indexes grow until it ends: see the README's "When the database holds
+    an old snapshot". Full detail on other roles' sessions needs pg_read_all_stats."""
+    return queries.oldest_snapshot()
 
 
 def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime], TaskSpec]:

@@ -34,6 +34,7 @@ from pgqueue.models import (
     Lease,
     Limit,
     LimitKind,
+    OldestSnapshot,
     Priority,
     QueueBacklog,
     QueueState,
@@ -800,6 +801,11 @@ def task_prune(
 def queue_backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     rows = yield Query("queue_backlog", {"queues": list(queues) if queues is not None else None})
     return [QueueBacklog(**r) for r in rows]
+
+
+def oldest_snapshot() -> Op[OldestSnapshot | None]:
+    rows = yield Query("oldest_snapshot", {})
+    return OldestSnapshot(**rows[0]) if rows else None
 
 
 def queue_overview() -> Op[list[QueueStats]]:

@@ -880,3 +880,34 @@ SELECT queue, pgqueue.priority_name(priority), 'failed', count(*), 0, 0, NULL
  WHERE status = 'failed'
  GROUP BY queue, priority
  ORDER BY 1, 3, 2;
+
+-- name: oldest_snapshot
+-- What holds back the cleanup of pgqueue.tasks longest: while a session of this database keeps
+-- an old snapshot (an idle transaction, a report, pg_dump) or a replication slot or prepared
+-- transaction keeps an old xmin, vacuum removes no row version newer than it, and the queue's
+-- indexes fill with entries of tasks long done. Sessions are measured in time (their
+-- transaction's age) and all in transactions (xids). A role without pg_read_all_stats (or
+-- pg_monitor) sees only its own sessions' times; the others still count by their xids.
+SELECT kind, holder, pid, state, seconds, xid_age
+  FROM (SELECT 'session' AS kind,
+               format('pid %%s (%%s%%s)', pid, coalesce(usename, '?'),
+                      CASE WHEN application_name <> '' THEN ', ' || application_name ELSE '' END)
+                 AS holder,
+               pid, state,
+               extract(epoch FROM clock_timestamp() - xact_start)::float8 AS seconds,
+               greatest(age(backend_xmin), age(backend_xid)) AS xid_age
+          FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+        UNION ALL
+        SELECT 'replication slot', slot_name::text, active_pid, CASE WHEN active THEN 'active'
+               ELSE 'inactive' END, NULL, greatest(age(xmin), age(catalog_xmin))
+          FROM pg_replication_slots
+         WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+        UNION ALL
+        SELECT 'prepared transaction', gid, NULL, 'prepared',
+               extract(epoch FROM clock_timestamp() - prepared)::float8, age(transaction)
+          FROM pg_prepared_xacts
+         WHERE database = current_database()) AS holders
+ ORDER BY xid_age DESC, seconds DESC NULLS LAST
+ LIMIT 1;

@@ -1,0 +1,305 @@
+"""``pgqueue dlq``: the dead-letter queue, tasks whose attempts are spent (status 'failed').
+
+Replaying or discarding may touch any number of dead letters, so it works in batches, one
+transaction each (a failure part-way keeps what was done), with a progress bar for a person
+watching; a selection by id reports every id that was not a dead letter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, TextIO
+
+import typer
+
+from pgqueue import operations as ops
+from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
+from pgqueue.cli.database import connection, open_client
+from pgqueue.cli.errors import UsageProblem
+from pgqueue.cli.output import emit, more_hint
+from pgqueue.cli.state import state
+from pgqueue.client import Client
+from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound
+from pgqueue.formatting import MISSING, headline, key_values, table, timestamp
+from pgqueue.models import TaskStatus
+
+group = typer.Typer(
+    help="The dead-letter queue: tasks whose attempts are spent (status 'failed').",
+    no_args_is_help=True,
+)
+
+IdsArg = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="[ID]...", help="Dead letters by id.", show_default=False),
+]
+AllFlag = Annotated[bool, typer.Option("--all", help="Every dead letter.")]
+BatchSize = Annotated[
+    int,
+    typer.Option("--batch-size", min=1, max=ops.MAX_BATCH, help="Tasks per transaction."),
+]
+
+
+@group.command("list")
+def dlq_list(task_type: TypeFilter = None, queue: QueueFilter = None, limit: Limit = 50) -> None:
+    """List dead letters, newest first."""
+    with connection() as conn:
+        tasks = ops.list_tasks(
+            conn, status=TaskStatus.FAILED, type=task_type, queue=queue, limit=limit
+        )
+    human = (
+        table(
+            ["ID", "TYPE", "QUEUE", "ATTEMPTS", "FINISHED", "LAST ERROR"],
+            [
+                [
+                    str(t.id),
+                    t.type,
+                    t.queue,
+                    f"{t.attempts}/{t.max_attempts}",
+                    t.finished_at,
+                    headline(t.last_error, 60) if t.last_error else MISSING,
+                ]
+                for t in tasks
+            ],
+        )
+        + more_hint(len(tasks), limit)
+        if tasks
+        else "no dead letters"
+    )
+    emit([t.to_dict() for t in tasks], human)
+
+
+@group.command("show")
+def dlq_show(task_id: TaskIdArg) -> None:
+    """Show a dead letter in full: payload, last error, attempts."""
+    with connection() as conn:
+        task = ops.get_task(conn, task_id)
+    if task.status is not TaskStatus.FAILED:
+        raise InvalidTaskState(
+            task.id, task.status.value, f"not a dead letter; `pgqueue status {task.id}` shows it"
+        )
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("type", task.type),
+        ("queue", task.queue),
+        ("priority", task.priority.label),
+        ("attempts", f"{task.attempts}/{task.max_attempts}"),
+        ("created", timestamp(task.created_at)),
+        ("failed", timestamp(task.finished_at)),
+    ]
+    if task.idempotency_key is not None:
+        pairs.append(("idempotency key", task.idempotency_key))
+    pairs += [
+        ("payload", json.dumps(task.payload, indent=2, ensure_ascii=False)),
+        ("last error", task.last_error or MISSING),
+    ]
+    emit(task.to_dict(), key_values(pairs))
+
+
+def _check_selection(ids: Sequence[str], everything: bool, filtered: bool, verb: str) -> None:
+    """Replay and discard act on nothing by default: a bare ``pgqueue dlq discard`` must not
+    mean "all", and ids with filters would be ambiguous (both? either?)."""
+    if ids and (everything or filtered):
+        raise UsageProblem(f"give task ids or --all/--type/--queue to {verb}, not both")
+    if everything and filtered:
+        raise UsageProblem(f"--all {verb}s every dead letter; leave it out to filter")
+    if not (ids or everything or filtered):
+        raise UsageProblem(
+            f"say which dead letters to {verb}: task ids, --all, or --type TYPE [--queue QUEUE]"
+        )
+
+
+def stream_is_terminal(stream: TextIO) -> bool:
+    return stream.isatty()
+
+
+# Asked whether stderr (for the bar) or stdin (for the confirmation) is a terminal. The
+# package points this at its own ``_is_terminal``, read at each call, so that replacing
+# ``pgqueue.cli._is_terminal`` (as the tests do, to draw the bar) reaches every caller
+# without this module importing the package that imports it.
+is_terminal: Callable[[TextIO], bool] = stream_is_terminal
+
+
+@contextlib.contextmanager
+def _progress(total: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal (and not --json); yields ``advance(n)``."""
+    if state.json or not is_terminal(sys.stderr):
+        yield lambda n: None
+        return
+    if total is None:  # unknown length: a bar that moves, with the count so far
+        bar = typer.progressbar(itertools.repeat(0), label=label, show_pos=True, file=sys.stderr)
+    else:
+        bar = typer.progressbar(length=total, label=label, show_pos=True, file=sys.stderr)
+    with bar:
+        yield bar.update
+
+
+def _dead_letter_count(client: Client, queue: str | None) -> int:
+    """The bar's length (and the confirmation's count) for --all or --queue, from the depth
+    overview; a --type selection has no such count, so its bar runs without an end."""
+    with client.connection() as conn:
+        depth = ops.overview(conn)
+    return sum(s.tasks for s in depth if s.status == TaskStatus.FAILED and queue in (None, s.queue))
+
+
+def _in_batches(
+    client: Client,
+    action: Callable[..., list[uuid.UUID]],
+    ids: Sequence[uuid.UUID] | None,
+    task_type: str | None,
+    queue: str | None,
+    batch_size: int,
+    advance: Callable[[int], None],
+) -> list[uuid.UUID]:
+    """Call ``action`` (ops.replay or ops.discard) one transaction per batch until done."""
+    done: dict[uuid.UUID, None] = {}
+    if ids is not None:
+        for start in range(0, len(ids), ops.MAX_BATCH):
+            chunk = ids[start : start + ops.MAX_BATCH]
+            with client.connection() as conn:
+                batch = action(conn, chunk, limit=len(chunk))
+            done.update(dict.fromkeys(batch))
+            advance(len(chunk))
+        return list(done)
+    while True:
+        with client.connection() as conn:
+            batch = action(conn, type=task_type, queue=queue, limit=batch_size)
+        if not batch:
+            break
+        # A replayed task that fails for good again while we work comes back in a later batch;
+        # stop there, or a fast-failing queue would keep this loop going forever.
+        wrapped = any(task_id in done for task_id in batch)
+        fresh = [task_id for task_id in batch if task_id not in done]
+        done.update(dict.fromkeys(fresh))
+        advance(len(fresh))
+        if wrapped:
+            break
+    return list(done)
+
+
+def _missing(client: Client, wanted: Sequence[uuid.UUID], done: Sequence[uuid.UUID]) -> list[str]:
+    """Why each of ``wanted`` is not in ``done``: its status, or that it does not exist."""
+    seen = set(done)
+    out = []
+    with client.connection() as conn:
+        for task_id in wanted:
+            if task_id in seen:
+                continue
+            try:
+                out.append(f"{task_id} (status {ops.get_task(conn, task_id).status.value!r})")
+            except TaskNotFound:
+                out.append(f"{task_id} (no such task)")
+    return out
+
+
+def _dead_letter_action(
+    verb: str,
+    past: str,
+    action: Callable[..., list[uuid.UUID]],
+    client: Client,
+    task_ids: Sequence[str],
+    task_type: str | None,
+    queue: str | None,
+    batch_size: int,
+    total: int | None,
+) -> None:
+    """What replay and discard share, so that both select, batch, report and fail alike."""
+    ids = list(dict.fromkeys(ops.parse_task_id(i) for i in task_ids)) if task_ids else None
+    if ids is not None:
+        total = len(ids)
+    with _progress(total, f"{verb}ing dead letters") as advance:
+        done = _in_batches(client, action, ids, task_type, queue, batch_size, advance)
+    missing = _missing(client, ids, done) if ids is not None else []
+    data: dict[str, Any] = {past: len(done), "ids": [str(i) for i in done]}
+    if missing:
+        data["not_" + past] = missing
+    noun = "dead letter" if len(done) == 1 else "dead letters"
+    emit(data, f"{past} {len(done)} {noun}")
+    if missing:
+        raise PgQueueError(
+            f"{len(missing)} of {len(ids or [])} tasks were not {past} (not dead letters): "
+            + ", ".join(missing)
+        )
+
+
+@group.command("replay")
+def dlq_replay(
+    task_ids: IdsArg = None,
+    everything: AllFlag = False,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    batch_size: BatchSize = 1000,
+) -> None:
+    """Move dead letters back to queued with fresh attempts: by id, --all, or --type/--queue."""
+    filtered = task_type is not None or queue is not None
+    _check_selection(task_ids or [], everything, filtered, "replay")
+    with open_client() as client:
+        total = None
+        if not task_ids and task_type is None and not state.json and is_terminal(sys.stderr):
+            total = _dead_letter_count(client, queue)
+        _dead_letter_action(
+            "replay",
+            "replayed",
+            ops.replay,
+            client,
+            task_ids or [],
+            task_type,
+            queue,
+            batch_size,
+            total,
+        )
+
+
+def _confirm(question: str) -> bool:
+    """Ask on stderr (stdout stays clean for --json); end the line when stdin is not a
+    terminal, since the answer read from it is not echoed."""
+    try:
+        return typer.confirm(question, err=True)
+    finally:
+        if not is_terminal(sys.stdin):
+            typer.echo("", err=True)
+
+
+@group.command("discard")
+def dlq_discard(
+    task_ids: IdsArg = None,
+    everything: AllFlag = False,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    batch_size: BatchSize = 1000,
+) -> None:
+    """Delete dead letters for good: by id, --all, or --type/--queue. Asks first unless --yes."""
+    filtered = task_type is not None or queue is not None
+    _check_selection(task_ids or [], everything, filtered, "discard")
+    with open_client() as client:
+        total = None
+        if not task_ids and task_type is None:
+            total = _dead_letter_count(client, queue)
+        if not yes and total != 0:
+            if task_ids:
+                what = f"{len(set(task_ids))} dead letter(s)"
+            elif total is not None:
+                what = f"all {total} dead letter(s)" + (f" of queue {queue!r}" if queue else "")
+            else:
+                what = f"every dead letter of type {task_type!r}" + (
+                    f" in queue {queue!r}" if queue else ""
+                )
+            if not _confirm(f"Permanently delete {what}?"):
+                typer.echo("aborted: nothing was discarded", err=True)
+                raise typer.Exit(1)
+        _dead_letter_action(
+            "discard",
+            "discarded",
+            ops.discard,
+            client,
+            task_ids or [],
+            task_type,
+            queue,
+            batch_size,
+            total,
+        )

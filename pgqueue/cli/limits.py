@@ -1,0 +1,114 @@
+"""``pgqueue limit``: limits on a task type or a queue, kept in the database so that every
+worker of the fleet keeps to them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pgqueue import operations as ops
+from pgqueue.cli.database import connection
+from pgqueue.cli.output import emit
+from pgqueue.cli.parsing import parse_duration, show_duration
+from pgqueue.formatting import MISSING, table
+from pgqueue.models import Limit as LimitRow
+
+group = typer.Typer(
+    help="Limits on a task type or a queue, across every worker: how many run at once and how "
+    "many start per period.",
+    no_args_is_help=True,
+)
+
+LimitType = Annotated[str | None, typer.Option("--type", help="Limit the tasks of this type.")]
+LimitQueue = Annotated[str | None, typer.Option("--queue", help="Limit the tasks of this queue.")]
+
+
+def _limit_dict(limit: LimitRow) -> dict[str, object]:
+    return {
+        "kind": limit.kind.value,
+        "name": limit.name,
+        "max_running": limit.max_running,
+        "rate": limit.rate_limit,
+        "per": limit.rate_period,
+        "running": limit.running,
+        "recent_starts": limit.recent_starts,
+        "updated_at": limit.updated_at.isoformat() if limit.updated_at else None,
+    }
+
+
+def _rate_text(limit: LimitRow) -> str:
+    if limit.rate_limit is None or limit.rate_period is None:
+        return MISSING
+    return f"{limit.rate_limit} per {show_duration(limit.rate_period)}"
+
+
+@group.command("set")
+def limit_set(
+    task_type: LimitType = None,
+    queue: LimitQueue = None,
+    max_running: Annotated[
+        int | None,
+        typer.Option(min=0, help="At most this many running at once, across every worker."),
+    ] = None,
+    rate: Annotated[
+        int | None,
+        typer.Option(min=0, max=ops.MAX_RATE, help="At most this many starts per --per."),
+    ] = None,
+    per: Annotated[
+        float,
+        typer.Option(
+            parser=parse_duration, metavar="DURATION", help="The rate's window (e.g. 1s, 1m)."
+        ),
+    ] = 1.0,
+) -> None:
+    """Limit a task type (--type) or a queue (--queue) across the whole fleet, in the
+    database. The limit is set as a whole: a part left out is no limit of that kind."""
+    with connection() as conn:
+        limit = ops.set_limit(
+            conn, type=task_type, queue=queue, max_running=max_running, rate=rate, per=per
+        )
+    parts = []
+    if limit.max_running is not None:
+        parts.append(f"at most {limit.max_running} running at once")
+    if limit.rate_limit is not None:
+        parts.append(f"at most {_rate_text(limit)} started")
+    emit(_limit_dict(limit), f"{limit.kind.value} {limit.name!r}: " + ", ".join(parts))
+
+
+@group.command("clear")
+def limit_clear(task_type: LimitType = None, queue: LimitQueue = None) -> None:
+    """Remove the limit on a task type or a queue."""
+    with connection() as conn:
+        removed = ops.clear_limit(conn, type=task_type, queue=queue)
+    kind, name = ("type", task_type) if task_type is not None else ("queue", queue)
+    emit(
+        {"kind": kind, "name": name, "removed": removed},
+        f"{kind} {name!r}: limit removed" if removed else f"{kind} {name!r} had no limit",
+    )
+
+
+@group.command("list")
+def limit_list() -> None:
+    """Every limit, with the tasks running under it and its starts in the rate window."""
+    with connection() as conn:
+        limits = ops.list_limits(conn)
+    human = (
+        table(
+            ["KIND", "NAME", "MAX RUNNING", "RUNNING", "RATE", "STARTS IN WINDOW"],
+            [
+                [
+                    x.kind.value,
+                    x.name,
+                    MISSING if x.max_running is None else x.max_running,
+                    x.running,
+                    _rate_text(x),
+                    MISSING if x.rate_limit is None else x.recent_starts,
+                ]
+                for x in limits
+            ],
+        )
+        if limits
+        else "no limits"
+    )
+    emit([_limit_dict(x) for x in limits], human)

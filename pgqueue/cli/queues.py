@@ -1,0 +1,196 @@
+"""Queues as a whole: what waits in them (``stats``, ``schedules``) and their settings, which
+live in the database and so hold for every worker (``queue pause/resume/list/retention``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from pgqueue import operations as ops
+from pgqueue.cli.database import connection
+from pgqueue.cli.output import emit
+from pgqueue.cli.parsing import parse_duration, show_duration
+from pgqueue.formatting import age, table, timestamp
+from pgqueue.models import QueueState
+
+commands = typer.Typer()
+group = typer.Typer(
+    help="Queues: pause and resume claiming, across every worker (settings live in the database).",
+    no_args_is_help=True,
+)
+
+QueueNameArg = Annotated[str, typer.Argument(metavar="QUEUE", help="The queue's name.")]
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "type", "queue", "last_tick", "next_tick")
+
+
+@commands.command()
+def stats(
+    window: Annotated[
+        float,
+        typer.Option(
+            "--window", min=1.0, metavar="SECONDS", help="Throughput over the last SECONDS."
+        ),
+    ] = 60.0,
+) -> None:
+    """Waiting, running and dead-lettered tasks by queue and priority, the oldest ready task's
+    age, and tasks finished in the last minute (completed ones are counted there: counting all
+    that are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does)."""
+    with connection() as conn:
+        depth = ops.overview(conn)
+        finished = ops.throughput(conn, window_seconds=window)
+        paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
+    parts = [
+        table(
+            ["QUEUE", "PRIORITY", "STATUS", "TASKS", "READY", "SCHEDULED", "OLDEST READY"],
+            [
+                [
+                    s.queue,
+                    s.priority,
+                    s.status,
+                    s.tasks,
+                    s.ready,
+                    s.scheduled,
+                    age(s.oldest_ready_age_seconds),
+                ]
+                for s in depth
+            ],
+        )
+        if depth
+        else "no tasks",
+        "",
+        f"finished in the last {window:g}s:",
+        table(
+            ["QUEUE", "COMPLETED", "FAILED"],
+            [[t.queue, t.completed, t.failed] for t in finished],
+        )
+        if finished
+        else "none",
+    ]
+    if paused:  # a growing backlog there is expected: say why before anyone wonders
+        parts += ["", "paused (no worker claims from them): " + ", ".join(paused)]
+    emit(
+        {
+            "depth": [dataclasses.asdict(s) for s in depth],
+            "throughput": [dataclasses.asdict(t) for t in finished],
+            "window_seconds": window,
+            "paused_queues": paused,
+        },
+        "\n".join(parts),
+    )
+
+
+@commands.command()
+def schedules() -> None:
+    """Periodic tasks the workers declared: cron, time zone, last tick and next run."""
+    with connection() as conn:
+        rows = ops.list_schedules(conn)
+    human = (
+        table(
+            ["NAME", "CRON", "TIME ZONE", "TYPE", "QUEUE", "LAST TICK", "NEXT RUN"],
+            [[r[k] for k in SCHEDULE_COLUMNS] for r in rows],
+        )
+        if rows
+        else "no schedules (workers record theirs when they start)"
+    )
+    emit(rows, human)
+
+
+def _queue_line(state: QueueState) -> str:
+    if state.paused:
+        return f"queue {state.name!r} is paused (since {timestamp(state.paused_at)})"
+    return f"queue {state.name!r} is running"
+
+
+def _queue_dict(state: QueueState) -> dict[str, object]:
+    return {
+        "name": state.name,
+        "paused": state.paused,
+        "paused_at": state.paused_at.isoformat() if state.paused_at else None,
+        "updated_at": state.updated_at.isoformat() if state.updated_at else None,
+        "completed_retention": state.completed_retention,
+        "dead_retention": state.dead_retention,
+    }
+
+
+def _duration_or_default(seconds: float | None) -> str:
+    """No retention of a queue's own means the workers' --completed-retention and
+    --dead-retention apply, which the database does not know."""
+    return "default" if seconds is None else show_duration(seconds)
+
+
+@group.command("pause")
+def queue_pause(name: QueueNameArg) -> None:
+    """Stop every worker from claiming this queue's tasks until it is resumed. Running tasks
+    finish; submitting still works; it stays paused across restarts."""
+    with connection() as conn:
+        queue = ops.pause_queue(conn, name)
+    emit(_queue_dict(queue), _queue_line(queue) + ": workers claim none of its tasks")
+
+
+@group.command("resume")
+def queue_resume(name: QueueNameArg) -> None:
+    """Let workers claim this queue's tasks again (idle workers are woken at once)."""
+    with connection() as conn:
+        queue = ops.resume_queue(conn, name)
+    emit(_queue_dict(queue), _queue_line(queue))
+
+
+@group.command("list")
+def queue_list() -> None:
+    """Queues with unfinished tasks or a setting: paused or running, and their retention."""
+    with connection() as conn:
+        states = ops.list_queues(conn)
+    human = (
+        table(
+            ["QUEUE", "STATE", "PAUSED SINCE", "KEEP FINISHED", "KEEP DEAD LETTERS"],
+            [
+                [
+                    q.name,
+                    "paused" if q.paused else "running",
+                    q.paused_at,
+                    _duration_or_default(q.completed_retention),
+                    _duration_or_default(q.dead_retention),
+                ]
+                for q in states
+            ],
+        )
+        if states
+        else "no queues"
+    )
+    emit([_queue_dict(q) for q in states], human)
+
+
+@group.command("retention")
+def queue_retention(
+    name: QueueNameArg,
+    completed: Annotated[
+        float | None,
+        typer.Option(
+            "--completed",
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Keep completed and cancelled tasks this long (e.g. 6h, 7d).",
+        ),
+    ] = None,
+    dead: Annotated[
+        float | None,
+        typer.Option(
+            "--dead",
+            parser=parse_duration,
+            metavar="DURATION",
+            help="Keep dead letters this long (e.g. 30d).",
+        ),
+    ] = None,
+) -> None:
+    """Set how long this queue's finished tasks are kept, in place of the workers' defaults
+    (--completed-retention, --dead-retention). Both are set at once: one left out goes back
+    to the default. Pruning applies it from its next round on."""
+    with connection() as conn:
+        q = ops.set_queue_retention(conn, name, completed=completed, dead=dead)
+    emit(
+        _queue_dict(q),
+        f"queue {q.name!r} keeps finished tasks {_duration_or_default(q.completed_retention)}"
+        f" and dead letters {_duration_or_default(q.dead_retention)}",
+    )

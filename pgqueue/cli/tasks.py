@@ -1,0 +1,202 @@
+"""One task at a time: submit it, look at it, list them, cancel it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+from pgqueue import operations as ops
+from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
+from pgqueue.cli.database import connection
+from pgqueue.cli.errors import UsageProblem
+from pgqueue.cli.output import emit, more_hint
+from pgqueue.cli.parsing import parse_count, parse_payload, parse_time
+from pgqueue.config import DEFAULT_QUEUE
+from pgqueue.errors import ValidationError
+from pgqueue.formatting import MISSING, key_values, table, timestamp
+from pgqueue.models import Priority, Task, TaskStatus
+
+commands = typer.Typer()
+
+
+def _json_text(value: Any, limit: int | None = None) -> str:
+    """JSON cut at ``limit`` characters: a large payload would push the rest of a task's
+    description off the screen."""
+    text = json.dumps(value, ensure_ascii=False)
+    if limit is not None and len(text) > limit:
+        return f"{text[:limit]}… ({len(text)} characters; --json shows all)"
+    return text
+
+
+def describe(task: Task) -> str:
+    """A task for people: only the lines that mean something in its status (a run-at time
+    while it waits, a lease while it runs)."""
+    status = task.status.value
+    if task.status is TaskStatus.RUNNING and task.cancel_requested:
+        status += " (cancellation requested)"
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("type", task.type),
+        ("queue", task.queue),
+        ("priority", task.priority.label),
+        ("status", status),
+        ("attempts", f"{task.attempts}/{task.max_attempts}"),
+    ]
+    if task.idempotency_key is not None:
+        pairs.append(("idempotency key", task.idempotency_key))
+    pairs += [
+        ("payload", _json_text(task.payload, 1000)),
+        ("result", MISSING if task.result is None else _json_text(task.result, 1000)),
+        ("last error", task.last_error or MISSING),
+        ("created", timestamp(task.created_at)),
+    ]
+    if task.status is TaskStatus.QUEUED:
+        pairs.append(("run at", timestamp(task.visible_after)))
+    pairs += [("started", timestamp(task.started_at)), ("finished", timestamp(task.finished_at))]
+    if task.status is TaskStatus.RUNNING:
+        pairs.append(
+            ("lease", f"{task.lease_owner or '?'} until {timestamp(task.lease_expires_at)}")
+        )
+    return key_values(pairs)
+
+
+def task_table(tasks: Sequence[Task]) -> str:
+    return table(
+        ["ID", "TYPE", "QUEUE", "PRIORITY", "STATUS", "ATTEMPTS", "CREATED"],
+        [
+            [
+                str(t.id),
+                t.type,
+                t.queue,
+                t.priority.label,
+                t.status.value,
+                f"{t.attempts}/{t.max_attempts}",
+                t.created_at,
+            ]
+            for t in tasks
+        ],
+    )
+
+
+@commands.command()
+def enqueue(
+    task_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="The task type (the name of its handler).")
+    ],
+    payload: Annotated[
+        str,
+        typer.Option("--payload", metavar="JSON", help="The task's arguments, a JSON object."),
+    ] = "{}",
+    priority: Annotated[
+        str,
+        typer.Option(
+            "--priority",
+            metavar="[high|normal|low]",
+            help="Priority (any case, as in the library and the HTTP API).",
+        ),
+    ] = "normal",
+    queue: Annotated[str, typer.Option("--queue", help="The queue to put it on.")] = DEFAULT_QUEUE,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Submit at most once per key: a repeat returns the existing task.",
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None,
+        typer.Option("--delay", min=0.0, metavar="SECONDS", help="Run no sooner than this."),
+    ] = None,
+    run_at: Annotated[
+        str | None,
+        typer.Option(
+            "--run-at",
+            metavar="ISO8601",
+            help="Run no sooner than this time, with a timezone: 2030-01-31T09:00:00Z.",
+        ),
+    ] = None,
+    max_attempts: Annotated[
+        str | None,
+        typer.Option("--max-attempts", metavar="N", help="Attempts before dead-lettering (3)."),
+    ] = None,
+) -> None:
+    """Submit a task."""
+    if delay is not None and run_at is not None:
+        raise UsageProblem("give --delay or --run-at, not both")
+    data = parse_payload(payload)
+    try:
+        level = Priority.parse(priority)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.reason, param_hint="'--priority'") from None
+    when = parse_time(run_at, "--run-at") if run_at is not None else None
+    with connection() as conn:
+        result = ops.enqueue(
+            conn,
+            task_type,
+            data,
+            priority=level,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            run_at=when,
+            delay=delay,
+            max_attempts=parse_count(max_attempts, "--max-attempts"),
+        )
+    task = result.task
+    pairs: list[tuple[str, object]] = [
+        ("id", str(task.id)),
+        ("status", task.status.value),
+        ("created", timestamp(task.created_at)),
+    ]
+    if task.status is TaskStatus.QUEUED and task.visible_after > task.created_at:
+        pairs.append(("run at", timestamp(task.visible_after)))
+    if not result.created:
+        pairs.append(
+            (
+                "note",
+                f"existing task returned: idempotency key {idempotency_key!r} was already used",
+            )
+        )
+    emit({**task.to_dict(), "created": result.created}, key_values(pairs))
+
+
+@commands.command()
+def status(task_id: TaskIdArg) -> None:
+    """Show one task: status, attempts, result, last error and timestamps."""
+    with connection() as conn:
+        task = ops.get_task(conn, task_id)
+    emit(task.to_dict(), describe(task))
+
+
+@commands.command("list")
+def list_tasks(
+    status: Annotated[
+        TaskStatus | None,
+        typer.Option("--status", case_sensitive=False, help="Only tasks in this status."),
+    ] = None,
+    task_type: TypeFilter = None,
+    queue: QueueFilter = None,
+    limit: Limit = 50,
+) -> None:
+    """List tasks, newest first."""
+    with connection() as conn:
+        tasks = ops.list_tasks(conn, status=status, type=task_type, queue=queue, limit=limit)
+    human = task_table(tasks) + more_hint(len(tasks), limit) if tasks else "no tasks"
+    emit([t.to_dict() for t in tasks], human)
+
+
+@commands.command()
+def cancel(task_id: TaskIdArg) -> None:
+    """Cancel a task: a queued one at once, a running one by asking its handler to stop."""
+    with connection() as conn:
+        task = ops.cancel(conn, task_id)
+    if task.status is TaskStatus.CANCELLED:
+        human = f"cancelled task {task.id}"
+    else:
+        human = (
+            f"cancellation requested for running task {task.id}: its handler is asked to stop "
+            "(cooperative); if it finishes first, its outcome stands"
+        )
+    emit(task.to_dict(), human)

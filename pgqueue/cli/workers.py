@@ -1,0 +1,275 @@
+"""``pgqueue worker``: run the handlers of a registry, in this process or in several.
+
+With ``--processes N`` this process only supervises: it starts N children, each
+``pgqueue worker ... --processes 1`` with the same options, and replaces any that dies. The
+options therefore travel twice, once into a :class:`~pgqueue.worker.WorkerConfig` and once
+back into a command line; :class:`WorkerOptions` holds them between the two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from pgqueue.cli.state import state
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL
+
+if TYPE_CHECKING:
+    from pgqueue.registry import TaskRegistry
+
+commands = typer.Typer()
+
+# The options, declared here so that the command's signature reads as the list it is.
+RegistryArg = Annotated[
+    str,
+    typer.Argument(
+        help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry (e.g. app.tasks:tasks)."
+    ),
+]
+QueuesOption = Annotated[
+    list[str] | None,
+    typer.Option("--queue", "-q", help="Queue to work on (repeatable; default: default)."),
+]
+ConcurrencyOption = Annotated[
+    int, typer.Option("--concurrency", "-c", min=1, help="Tasks run at once per process.")
+]
+ProcessesOption = Annotated[
+    int, typer.Option("--processes", "-p", min=1, help="Worker processes to run and supervise.")
+]
+LeaseSecondsOption = Annotated[
+    float, typer.Option(min=1, help="Visibility timeout; renewed by heartbeat while running.")
+]
+GracePeriodOption = Annotated[
+    float, typer.Option(min=0, help="On SIGTERM, seconds to let running tasks finish.")
+]
+PollIntervalOption = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        help="Seconds between polls when no NOTIFY arrives: a scheduled task starts "
+        "within about this long of its time.",
+    ),
+]
+MaintenanceOption = Annotated[
+    bool, typer.Option(help="Run the lease sweep and retention pruning in this worker.")
+]
+SweepIntervalOption = Annotated[float, typer.Option(min=0.05, help="Seconds between sweeps.")]
+PruneIntervalOption = Annotated[
+    float, typer.Option(min=0.05, help="Seconds between retention pruning rounds.")
+]
+StartupTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Seconds a starting worker waits for a database that is down or starting up.",
+    ),
+]
+CompletedRetentionOption = Annotated[
+    float,
+    typer.Option(
+        min=1,
+        help="Seconds to keep completed and cancelled tasks (a queue's own retention, "
+        "`pgqueue queue retention`, wins).",
+    ),
+]
+DeadRetentionOption = Annotated[
+    float,
+    typer.Option(min=1, help="Seconds to keep dead letters (a queue's own retention wins)."),
+]
+PromoteAfterOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Starvation policy: a task waiting this long moves up one priority (0: never).",
+    ),
+]
+SchedulerOption = Annotated[
+    bool,
+    typer.Option(help="Enqueue the registry's periodic tasks (once per tick, fleet-wide)."),
+]
+LogFormatOption = Annotated[str, typer.Option(help="text or json.")]
+LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=65535,
+        help="Serve Prometheus /metrics and a liveness /healthz on this port (needs "
+        "prometheus-client: the api extra). With --processes N, process i gets PORT+i.",
+    ),
+]
+MetricsHostOption = Annotated[
+    str,
+    typer.Option(
+        help="Address for --metrics-port. 0.0.0.0 (every IPv4 interface) lets Prometheus "
+        "and the kubelet reach a pod on its IP; there is no authentication, so use "
+        "127.0.0.1 where the port must stay local.",
+    ),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """What each worker process is told, whether it runs here or as a supervised child."""
+
+    queues: list[str]
+    concurrency: int
+    lease_seconds: float
+    grace_period: float
+    poll_interval: float
+    maintenance: bool
+    sweep_interval: float
+    prune_interval: float
+    startup_timeout: float
+    completed_retention: float
+    dead_retention: float
+    promote_after: float
+    scheduler: bool
+    log_format: str
+    log_level: str
+    metrics_port: int | None
+    metrics_host: str
+
+
+@commands.command()
+def worker(
+    registry: RegistryArg,
+    queue: QueuesOption = None,
+    concurrency: ConcurrencyOption = 10,
+    processes: ProcessesOption = 1,
+    lease_seconds: LeaseSecondsOption = 30.0,
+    grace_period: GracePeriodOption = 30.0,
+    poll_interval: PollIntervalOption = 0.5,
+    maintenance: MaintenanceOption = True,
+    sweep_interval: SweepIntervalOption = 5.0,
+    prune_interval: PruneIntervalOption = 60.0,
+    startup_timeout: StartupTimeoutOption = 60.0,
+    completed_retention: CompletedRetentionOption = 24 * 3600.0,
+    dead_retention: DeadRetentionOption = 14 * 24 * 3600.0,
+    promote_after: PromoteAfterOption = 300.0,
+    scheduler: SchedulerOption = True,
+    log_format: LogFormatOption = "text",
+    log_level: LogLevelOption = "INFO",
+    metrics_port: MetricsPortOption = None,
+    metrics_host: MetricsHostOption = "0.0.0.0",
+) -> None:
+    """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
+    later, stops at once)."""
+    from pgqueue import log
+    from pgqueue.registry import load
+
+    log.configure(log_format, log_level)
+    _check_metrics_ports(metrics_port, processes)
+    options = WorkerOptions(
+        queues=queue or [DEFAULT_QUEUE],
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        grace_period=grace_period,
+        poll_interval=poll_interval,
+        maintenance=maintenance,
+        sweep_interval=sweep_interval,
+        prune_interval=prune_interval,
+        startup_timeout=startup_timeout,
+        completed_retention=completed_retention,
+        dead_retention=dead_retention,
+        promote_after=promote_after,
+        scheduler=scheduler,
+        log_format=log_format,
+        log_level=log_level,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+    )
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
+    url = state.url()
+    tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
+    if processes > 1:
+        raise typer.Exit(_supervise(registry, processes, options, url))
+    _run(tasks, url, options)
+
+
+def _check_metrics_ports(metrics_port: int | None, processes: int) -> None:
+    """Process i listens on PORT+i: refuse before starting any if the last would not fit."""
+    if metrics_port is not None and metrics_port + processes - 1 > 65535:
+        raise typer.BadParameter(
+            f"{processes} processes need ports {metrics_port} to {metrics_port + processes - 1}, "
+            "past 65535",
+            param_hint="'--metrics-port'",
+        )
+
+
+def _child_argv(registry: str, options: WorkerOptions) -> list[str]:
+    """The command line of one supervised child: these options, one process each."""
+    argv = [sys.executable, "-m", "pgqueue", "worker", registry, "--processes", "1"]
+    for name, value in (
+        ("--concurrency", options.concurrency),
+        ("--lease-seconds", options.lease_seconds),
+        ("--grace-period", options.grace_period),
+        ("--poll-interval", options.poll_interval),
+        ("--sweep-interval", options.sweep_interval),
+        ("--prune-interval", options.prune_interval),
+        ("--startup-timeout", options.startup_timeout),
+        ("--completed-retention", options.completed_retention),
+        ("--dead-retention", options.dead_retention),
+        ("--promote-after", options.promote_after),
+        ("--log-format", options.log_format),
+        ("--log-level", options.log_level),
+    ):
+        argv += [name, str(value)]
+    for q in options.queues:
+        argv += ["--queue", q]
+    if not options.maintenance:
+        argv.append("--no-maintenance")
+    if not options.scheduler:
+        argv.append("--no-scheduler")
+    return argv
+
+
+def _supervise(registry: str, processes: int, options: WorkerOptions, url: str) -> int:
+    """Run ``processes`` children until they stop; the supervisor's exit code."""
+    from pgqueue.supervisor import Supervisor
+
+    # The URL goes to the children in their environment, not their argv: any local user
+    # can read a command line (ps), and the URL may hold a password.
+    argv = _child_argv(registry, options)
+    env = {**os.environ, ENV_DATABASE_URL: url}
+    if options.metrics_port is None:
+        return Supervisor(argv, processes, env=env).run()
+    argv += ["--metrics-host", options.metrics_host]
+    first_port = options.metrics_port
+
+    def port_of(slot: int) -> list[str]:  # child i on PORT+i, a replacement on the same
+        return ["--metrics-port", str(first_port + slot)]
+
+    return Supervisor(argv, processes, env=env, slot_args=port_of).run()
+
+
+def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
+    """One worker, in this process, until it is told to stop."""
+    from pgqueue.maintenance import MaintenanceConfig
+    from pgqueue.worker import Worker, WorkerConfig
+
+    config = WorkerConfig(
+        queues=options.queues,
+        concurrency=options.concurrency,
+        lease_seconds=options.lease_seconds,
+        poll_interval=options.poll_interval,
+        grace_period=options.grace_period,
+        startup_timeout=options.startup_timeout,
+        scheduler=options.scheduler,
+        metrics_port=options.metrics_port,
+        metrics_host=options.metrics_host,
+        maintenance=MaintenanceConfig(
+            enabled=options.maintenance,
+            sweep_interval=options.sweep_interval,
+            prune_interval=options.prune_interval,
+            completed_retention=options.completed_retention,
+            dead_retention=options.dead_retention,
+            promote_after=options.promote_after,
+        ),
+    )
+    Worker(tasks, url, config).run()

@@ -1,0 +1,55 @@
+"""pgqueue.oldest_snapshot names what holds back the cleanup of finished tasks: a session
+idle in a transaction, a REPEATABLE READ reader (issue 19: the operator must see it coming).
+Prepared transactions are read too, but neither test server allows any
+(max_prepared_transactions = 0), so no test here can hold one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+import pgqueue
+import pgqueue.aio
+
+
+def test_nothing_holds_cleanup_back_in_a_quiet_database(conn: psycopg.Connection[Any]) -> None:
+    assert pgqueue.oldest_snapshot(conn) is None
+
+
+def test_a_session_idle_in_a_transaction_with_an_xid_is_named(
+    conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    idle = connect(autocommit=False)
+    idle.execute("SET application_name = 'nightly-report'")
+    pid = idle.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    idle.execute("SELECT txid_current()")
+    time.sleep(0.05)  # the transaction's age is what is measured: let it have one
+    pgqueue.enqueue(conn, "job", {})  # newer transactions than the holder's
+    held = pgqueue.oldest_snapshot(conn)
+    assert held is not None
+    assert (held.kind, held.pid, held.state) == ("session", pid, "idle in transaction")
+    assert "nightly-report" in held.holder
+    assert held.seconds is not None and held.seconds >= 0.05
+    assert held.xid_age >= 1
+    idle.rollback()
+    assert pgqueue.oldest_snapshot(conn) is None
+
+
+def test_a_repeatable_read_reader_counts_and_async_agrees(
+    database_url: str, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    reader = connect(autocommit=False)
+    reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    reader.execute("SELECT count(*) FROM pgqueue.tasks")  # takes the snapshot, no xid
+    pid = reader.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+
+    async def look() -> pgqueue.OldestSnapshot | None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            return await pgqueue.aio.oldest_snapshot(c)
+
+    held = asyncio.run(look())
+    assert held is not None and held.pid == pid and held.kind == "session"
