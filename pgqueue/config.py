@@ -133,3 +133,24 @@ def max_payload_bytes() -> int:
     if value < 1:
         raise ConfigurationError(f"{ENV_MAX_PAYLOAD_BYTES} must be positive, not {value}")
     return value
+
+
+ENV_SNAPSHOT_WARN_SECONDS = "PGQUEUE_SNAPSHOT_WARN_SECONDS"
+DEFAULT_SNAPSHOT_WARN_SECONDS = 60.0
+
+
+def snapshot_warn_seconds() -> float:
+    """How old a snapshot holding back cleanup may get before stats, /metrics and the
+    dashboard warn: ``PGQUEUE_SNAPSHOT_WARN_SECONDS`` or 60 s."""
+    raw = os.environ.get(ENV_SNAPSHOT_WARN_SECONDS)
+    if raw is None or not raw.strip():
+        return DEFAULT_SNAPSHOT_WARN_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{ENV_SNAPSHOT_WARN_SECONDS} must be a number of seconds, not {raw!r}"
+        ) from None
+    if not value > 0:
+        raise ConfigurationError(f"{ENV_SNAPSHOT_WARN_SECONDS} must be positive, not {raw!r}")
+    return value

@@ -356,9 +356,6 @@ def backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     return queries.queue_backlog(queues)
 
 
-SNAPSHOT_WARN_SECONDS = 60.0  # what stats, /metrics and the dashboard flag by default
-
-
 @operation
 def oldest_snapshot() -> Op[OldestSnapshot | None]:
     """The oldest snapshot holding back cleanup of ``pgqueue.tasks`` in this database (a

@@ -8,12 +8,13 @@ from typing import Annotated
 
 import typer
 
+from pgqueue import config
 from pgqueue import operations as ops
 from pgqueue.cli.database import connection
 from pgqueue.cli.output import emit
 from pgqueue.cli.parsing import parse_duration, show_duration
 from pgqueue.formatting import age, table, timestamp
-from pgqueue.models import QueueState
+from pgqueue.models import OldestSnapshot, QueueState
 
 commands = typer.Typer()
 group = typer.Typer(
@@ -41,6 +42,8 @@ def stats(
         depth = ops.overview(conn)
         finished = ops.throughput(conn, window_seconds=window)
         paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
+        held = ops.oldest_snapshot(conn)
+    warn = config.snapshot_warn_seconds()
     parts = [
         table(
             ["QUEUE", "PRIORITY", "STATUS", "TASKS", "READY", "SCHEDULED", "OLDEST READY"],
@@ -70,15 +73,39 @@ def stats(
     ]
     if paused:  # a growing backlog there is expected: say why before anyone wonders
         parts += ["", "paused (no worker claims from them): " + ", ".join(paused)]
+    if held is not None and (held.seconds is None or held.seconds >= 1):
+        parts += ["", _snapshot_line(held, warn)]
     emit(
         {
             "depth": [dataclasses.asdict(s) for s in depth],
             "throughput": [dataclasses.asdict(t) for t in finished],
             "window_seconds": window,
             "paused_queues": paused,
+            "oldest_snapshot": None if held is None else dataclasses.asdict(held),
+            "oldest_snapshot_warning": _snapshot_warns(held, warn),
         },
         "\n".join(parts),
     )
+
+
+def _snapshot_warns(held: OldestSnapshot | None, warn: float) -> bool:
+    return held is not None and held.seconds is not None and held.seconds >= warn
+
+
+def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
+    """Cleanup held back is the first sign of a bloating queue: say by whom, and what to do
+    once it has gone on too long."""
+    how_long = age(held.seconds) if held.seconds is not None else "age unknown"
+    line = (
+        f"oldest snapshot holding back cleanup: {how_long}, {held.xid_age} transactions, "
+        f"{held.kind} {held.holder}" + (f", {held.state}" if held.state else "")
+    )
+    if _snapshot_warns(held, warn):
+        line += (
+            f"\nWARNING: over {age(warn)}: vacuum cannot clean pgqueue.tasks until it ends "
+            "(README: When the database holds an old snapshot)"
+        )
+    return line
 
 
 @commands.command()

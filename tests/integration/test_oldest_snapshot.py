@@ -6,11 +6,13 @@ Prepared transactions are read too, but neither test server allows any
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 import pgqueue
 import pgqueue.aio
@@ -53,3 +55,38 @@ def test_a_repeatable_read_reader_counts_and_async_agrees(
 
     held = asyncio.run(look())
     assert held is not None and held.pid == pid and held.kind == "session"
+
+
+def test_stats_names_the_holder_and_warns_past_the_threshold(
+    database_url: str,
+    connect: Callable[..., psycopg.Connection[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from pgqueue.cli import app
+
+    idle = connect(autocommit=False)
+    idle.execute("SET application_name = 'left-open'")
+    idle.execute("SELECT txid_current()")
+    time.sleep(1.1)  # stats leaves out the sub-second transactions of a busy fleet
+    runner = CliRunner()
+    args = ["--database-url", database_url, "stats"]
+
+    monkeypatch.setenv("PGQUEUE_SNAPSHOT_WARN_SECONDS", "3600")
+    calm = runner.invoke(app, args)
+    assert calm.exit_code == 0, calm.output
+    assert "oldest snapshot holding back cleanup: 1s" in calm.output
+    assert "left-open" in calm.output and "WARNING" not in calm.output
+
+    monkeypatch.setenv("PGQUEUE_SNAPSHOT_WARN_SECONDS", "1")
+    warned = runner.invoke(app, args)
+    assert "WARNING: over 1s: vacuum cannot clean pgqueue.tasks" in warned.output
+    data = json.loads(runner.invoke(app, ["--json", *args]).output)
+    assert data["oldest_snapshot"]["kind"] == "session"
+    assert data["oldest_snapshot"]["state"] == "idle in transaction"
+    assert data["oldest_snapshot_warning"] is True
+
+    idle.rollback()
+    quiet = json.loads(runner.invoke(app, ["--json", *args]).output)
+    assert quiet["oldest_snapshot"] is None and quiet["oldest_snapshot_warning"] is False
