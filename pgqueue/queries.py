@@ -509,11 +509,13 @@ def task_claim(
     lease_seconds: float,
     now: datetime | None = None,
     starts: ClaimStarts | None = None,
+    started: bool = True,
 ) -> Op[list[ClaimedTask]]:
     """The ordinary claim: tasks no limit covers (see claim_round for the rest).
 
     One walk of the claim index per queue and priority, each from the start of its range or,
-    for the pairs in ``starts``, after the (created_at, id) given there."""
+    for the pairs in ``starts``, after the (created_at, id) given there. ``started=False``
+    leaves the attempt uncounted, should the lease be lost, until :func:`task_start`."""
     starts = starts or {}
     params: dict[str, Any] = {"queues": list(queues)}
     for level in Priority:
@@ -523,7 +525,14 @@ def task_claim(
         params[f"{name}_after_id"] = [task_id for _, task_id in after]
     rows = yield Query(
         "task_claim",
-        {**params, "limit": limit, "owner": owner, "lease_seconds": lease_seconds, "now": now},
+        {
+            **params,
+            "limit": limit,
+            "owner": owner,
+            "lease_seconds": lease_seconds,
+            "now": now,
+            "started": started,
+        },
     )
     return _claimed(rows)
 
@@ -547,6 +556,7 @@ def claim_round(
     now: datetime | None = None,
     probed: LimitsProbe | None = None,
     starts: ClaimStarts | None = None,
+    started: bool = True,
 ) -> Op[tuple[list[ClaimedTask], bool]]:
     """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
     whether any limit exists. Run it atomic: the limits lock lasts until commit. ``probed``:
@@ -562,6 +572,8 @@ def claim_round(
         lock = yield Query("limits_try_lock", {})
         if lock[0]["locked"]:
             limited = yield Query("task_claim_limited", {**params, "limit": limit})
+            if limited and started:
+                yield from task_start([Lease(r["id"], r["lease_token"]) for r in limited], now)
     if len(limited) < limit:
         ordinary = task_claim(
             queues=queues,
@@ -570,6 +582,7 @@ def claim_round(
             lease_seconds=lease_seconds,
             now=now,
             starts=starts,
+            started=started,
         )
         return _claimed(limited) + (yield from ordinary), probe.limited
     return _claimed(limited), probe.limited
@@ -595,6 +608,20 @@ def _claimed(rows: list[Row]) -> list[ClaimedTask]:
     # UPDATE ... RETURNING does not keep the CTE's order; restore it for the caller.
     tasks.sort(key=lambda t: (t.priority, t.created_at))
     return tasks
+
+
+def task_start(leases: Sequence[Lease], now: datetime | None = None) -> Op[set[uuid.UUID]]:
+    """Mark claimed tasks as started (their handlers run next); the ids still leased."""
+    rows = yield Query(
+        "task_start",
+        {
+            "ids": [lease.task_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "now": now,
+        },
+        prepare=False,
+    )
+    return {r["id"] for r in rows}
 
 
 def task_complete_many(

@@ -154,7 +154,9 @@ UPDATE pgqueue.tasks AS t
        lease_owner = %(owner)s,
        lease_token = gen_random_uuid(),
        lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
-       started_at = clock.now
+       -- Set here for a caller that starts what it claims at once (pgqueue.claim); a worker
+       -- sets it with task_start just before its handlers run.
+       started_at = CASE WHEN %(started)s THEN clock.now END
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -282,7 +284,7 @@ claimed AS (
            lease_owner = %(owner)s,
            lease_token = gen_random_uuid(),
            lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
-           started_at = clock.now
+           started_at = NULL  -- set by task_start (claim_round runs it for pgqueue.claim)
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -306,6 +308,26 @@ logged AS (
      WHERE l.kind = started.kind AND l.name = started.name AND l.rate_limit IS NOT NULL
 )
 SELECT * FROM claimed;
+
+-- name: task_start
+-- A worker's handlers are about to run these claimed tasks: from now on a lost lease counts
+-- the attempt. Written, and awaited, before any handler starts, so a task that kills its
+-- worker every time is counted every time; a claim that never got this far (the worker was
+-- killed in between) gives its attempt back when swept. Rows locked in id order first, as
+-- task_complete says why.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
+locked AS MATERIALIZED (
+    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
+     WHERE t.status = 'running'
+     ORDER BY t.id
+       FOR UPDATE OF t
+)
+UPDATE pgqueue.tasks AS t
+   SET started_at = clock.now
+  FROM clock, locked
+ WHERE t.id = locked.id
+RETURNING t.id;
 
 -- name: task_complete
 -- Record results for many tasks at once, each only where the caller still holds the lease.
@@ -417,11 +439,13 @@ RETURNING t.id, t.queue, t.status;
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
 -- The lost run counts as an attempt, so a task that kills its worker every time ends in the
--- dead-letter queue instead of looping forever.
+-- dead-letter queue instead of looping forever. A claim whose handler never started
+-- (started_at unset: see task_start) gives its attempt back and is ready again at once.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 expired AS (
-    SELECT id,
+    SELECT id, started_at IS NULL AS never_started,
            CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN started_at IS NULL THEN 'queued'
                 WHEN attempts >= max_attempts THEN 'failed'
                 ELSE 'queued' END AS next_status
       FROM pgqueue.tasks, clock
@@ -432,13 +456,17 @@ expired AS (
 )
 UPDATE pgqueue.tasks AS t
    SET status = e.next_status,
+       attempts = CASE WHEN e.never_started THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
        visible_after = CASE WHEN e.next_status <> 'queued' THEN t.visible_after
+                            WHEN e.never_started THEN clock.now
                             ELSE clock.now + pgqueue.retry_delay(t.attempts, t.backoff_base,
                                    t.backoff_factor, t.backoff_cap) * interval '1 second' END,
        finished_at = CASE WHEN e.next_status <> 'queued' THEN clock.now END,
-       last_error = format('lease expired on attempt %%s of %%s: worker %%s stopped renewing it '
-                           '(crashed, killed, hung or disconnected)',
-                           t.attempts, t.max_attempts, coalesce(t.lease_owner, '?')),
+       -- A claim that never started leaves the task as it was: no attempt, no error.
+       last_error = CASE WHEN e.never_started THEN t.last_error
+           ELSE format('lease expired on attempt %%s of %%s: worker %%s stopped renewing it '
+                       '(crashed, killed, hung or disconnected)',
+                       t.attempts, t.max_attempts, coalesce(t.lease_owner, '?')) END,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM expired AS e, clock
  WHERE t.id = e.id

@@ -1,0 +1,114 @@
+"""An attempt counts from the moment a worker's handler is about to start, not from the claim
+(issue 19: tasks claimed but not yet started when a worker was killed came back with an
+attempt spent, and a task whose workers died before starting it three times was
+dead-lettered without ever running). The poison-task rule holds: a task that kills its worker
+once started is counted every time. The clock is injected; nothing here sleeps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+import pgqueue
+from pgqueue import queries
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+LEASE = 30.0
+
+
+def worker_claim(conn: psycopg.Connection[Any], now: datetime) -> pgqueue.ClaimedTask:
+    """Claim one task as a worker does: not yet started."""
+    op = queries.claim_round(
+        queues=["default"], limit=1, owner="w", lease_seconds=LEASE, now=now, started=False
+    )
+    (task,), _ = queries.run(conn, op, atomic=True)
+    return task
+
+
+def row(conn: psycopg.Connection[Any], task_id: Any) -> tuple[Any, ...]:
+    found = conn.execute(
+        "SELECT status, attempts, visible_after, last_error, started_at"
+        " FROM pgqueue.tasks WHERE id = %s",
+        (task_id,),
+    ).fetchone()
+    assert found is not None
+    return found
+
+
+def test_a_claim_lost_before_its_handler_started_gives_the_attempt_back(
+    conn: psycopg.Connection[Any],
+) -> None:
+    task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    claimed = worker_claim(conn, T0)
+    assert claimed.attempts == 1  # the handler sees which attempt it would be
+    assert row(conn, task_id)[4] is None  # not started
+
+    swept_at = T0 + timedelta(seconds=LEASE + 1)
+    sweep = pgqueue.sweep_expired(conn, now=swept_at)
+
+    assert sweep.requeued == [task_id] and sweep.dead == []
+    status, attempts, visible_after, last_error, _ = row(conn, task_id)
+    # Not dead-lettered though max_attempts is 1: that attempt never happened.
+    assert (status, attempts, last_error) == ("queued", 0, None)
+    assert visible_after == swept_at  # ready at once: no backoff for a run that never was
+    again = pgqueue.claim(conn, ["default"], limit=1, worker_id="w2", now=swept_at)
+    assert [t.attempts for t in again] == [1]
+
+
+def test_a_started_attempt_whose_lease_is_lost_is_counted(conn: psycopg.Connection[Any]) -> None:
+    task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=2, now=T0).id
+    claimed = worker_claim(conn, T0)
+    started_at = T0 + timedelta(milliseconds=2)
+    assert queries.run(conn, queries.task_start([claimed.lease], started_at)) == {task_id}
+    assert row(conn, task_id)[4] == started_at
+
+    pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+
+    status, attempts, _, last_error, _ = row(conn, task_id)
+    assert (status, attempts) == ("queued", 1)
+    assert last_error.startswith("lease expired on attempt 1 of 2")
+
+
+def test_a_task_that_kills_its_worker_every_time_it_starts_is_dead_lettered(
+    conn: psycopg.Connection[Any],
+) -> None:
+    task_id = pgqueue.enqueue(conn, "poison", {}, max_attempts=3, now=T0).id
+    now = T0
+    for attempt in (1, 2, 3):
+        claimed = worker_claim(conn, now)
+        assert claimed.attempts == attempt
+        queries.run(conn, queries.task_start([claimed.lease], now))
+        now += timedelta(seconds=LEASE + 1)
+        sweep = pgqueue.sweep_expired(conn, now=now)
+        now += timedelta(hours=1)  # past any backoff
+    assert sweep.dead == [task_id]
+    assert row(conn, task_id)[:2] == ("failed", 3)
+
+
+def test_starting_a_lease_that_was_lost_marks_nothing(conn: psycopg.Connection[Any]) -> None:
+    pgqueue.enqueue(conn, "job", {}, now=T0)
+    claimed = worker_claim(conn, T0)
+    pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+    assert queries.run(conn, queries.task_start([claimed.lease])) == set()
+
+
+def test_the_library_claim_counts_from_the_claim_as_before(conn: psycopg.Connection[Any]) -> None:
+    task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    pgqueue.claim(conn, ["default"], limit=1, worker_id="w", now=T0)
+    assert row(conn, task_id)[4] == T0
+    sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+    assert sweep.dead == [task_id]
+
+
+def test_the_rule_holds_for_tasks_under_a_limit(conn: psycopg.Connection[Any]) -> None:
+    pgqueue.set_limit(conn, type="rationed", max_running=5)
+    by_worker = pgqueue.enqueue(conn, "rationed", {}, max_attempts=1, now=T0).id
+    worker_claim(conn, T0)
+    by_library = pgqueue.enqueue(conn, "rationed", {}, max_attempts=1, now=T0).id
+    pgqueue.claim(conn, ["default"], limit=1, worker_id="w", now=T0)
+
+    sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+
+    assert (sweep.requeued, sweep.dead) == ([by_worker], [by_library])
