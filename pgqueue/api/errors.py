@@ -1,0 +1,97 @@
+"""How errors become HTTP responses: one JSON shape (``ErrorOut``) for every refusal.
+
+The library raises its own exceptions (pgqueue.errors) and FastAPI and Starlette raise theirs;
+the handlers here map each to the fixed status codes the package docstring promises, so that
+no route has to catch anything. The middlewares use :func:`error` too, so that a 401 or a 413
+sent before the application runs has the same body as one sent by a route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pgqueue.api.schemas import ErrorOut, FieldError
+from pgqueue.errors import (
+    DatabaseUnavailable,
+    InvalidTaskState,
+    SchemaNotReady,
+    TaskNotFound,
+    ValidationError,
+)
+
+# The errors most endpoints can answer with, for their OpenAPI ``responses``.
+COMMON = (401, 413, 422, 503)
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` for these error codes, so each route documents its refusals
+    with one shared schema and wording."""
+    text = {
+        400: "Malformed JSON",
+        401: "Missing or invalid bearer token",
+        404: "No such task",
+        409: "The task's status does not allow this",
+        413: "Body too large",
+        422: "Invalid fields",
+        503: "Database unavailable",
+    }
+    return {c: {"model": ErrorOut, "description": text[c]} for c in codes}
+
+
+def error(code: int, error: str, message: str, **extra: Any) -> JSONResponse:
+    body = ErrorOut(error=error, message=message, **extra).model_dump(exclude_none=True)
+    headers = {"WWW-Authenticate": "Bearer"} if code == 401 else None
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error(400, "malformed_json", "the request body is not valid JSON")
+    fields = [
+        FieldError(field=_field_name(tuple(e.get("loc", ()))), message=str(e.get("msg", "")))
+        for e in errors
+    ]
+    return error(
+        422, "invalid_request", "; ".join(f"{f.field}: {f.message}" for f in fields), errors=fields
+    )
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:  # FastAPI could not decode the body (bad UTF-8, too deep, ...)
+        return error(400, "malformed_json", f"the request body is not valid JSON: {exc.detail}")
+    names = {404: "not_found", 405: "method_not_allowed"}
+    response = error(exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, ValidationError):
+        return error(
+            422,
+            "invalid_request",
+            str(exc),
+            errors=[FieldError(field=exc.field, message=exc.reason)],
+        )
+    if isinstance(exc, TaskNotFound):
+        return error(404, "not_found", str(exc))
+    if isinstance(exc, InvalidTaskState):
+        return error(409, "conflict", str(exc), status=exc.status)
+    if isinstance(exc, SchemaNotReady):  # not a retry-later: someone must run the migrations
+        return error(503, "schema_not_ready", str(exc))
+    if isinstance(exc, DatabaseUnavailable):
+        return error(503, "unavailable", str(exc))
+    return error(500, "internal_error", "unexpected error")

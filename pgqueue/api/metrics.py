@@ -1,0 +1,129 @@
+"""The API's Prometheus metrics: its requests and submissions, and the queue gauges it serves
+on ``/metrics``.
+
+The collectors live in a registry of each app's own, not the process-wide default one, so
+that several apps in one process (two mounts, or a test suite) neither collide nor mix their
+counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pgqueue import models
+from pgqueue.models import TaskStatus
+
+
+class ApiMetrics:
+    """One app's collectors; the gauges are filled from the database on each scrape."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "pgqueue_api_requests_total",
+            "HTTP requests",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "pgqueue_api_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=self.registry,
+        )
+        self.submitted = Counter(
+            "pgqueue_api_tasks_submitted_total",
+            "Tasks submitted",
+            ["queue", "outcome"],
+            registry=self.registry,
+        )
+        self.depth = Gauge(
+            "pgqueue_queue_depth",
+            "Waiting, running and dead-lettered tasks by queue, priority and status",
+            ["queue", "priority", "status"],
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "pgqueue_queue_ready",
+            "Queued tasks that are due now",
+            ["queue", "priority"],
+            registry=self.registry,
+        )
+        self.oldest = Gauge(
+            "pgqueue_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready task",
+            ["queue", "priority"],
+            registry=self.registry,
+        )
+        self.paused = Gauge(
+            "pgqueue_queue_paused",
+            "1 while a queue is paused (no worker claims from it)",
+            ["queue"],
+            registry=self.registry,
+        )
+        # Limits (pgqueue limit): what each allows and what it uses now, so that a type held
+        # back by its limit shows as such next to its growing backlog.
+        self.limit_max_running = Gauge(
+            "pgqueue_limit_max_running",
+            "A limit's most tasks running at once across the fleet",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        self.limit_running = Gauge(
+            "pgqueue_limit_running_tasks",
+            "Tasks running under a limit now (expired leases count until swept)",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        self.limit_rate = Gauge(
+            "pgqueue_limit_rate_starts",
+            "A limit's most starts per window",
+            ["kind", "name", "per_seconds"],
+            registry=self.registry,
+        )
+        self.limit_recent_starts = Gauge(
+            "pgqueue_limit_recent_starts",
+            "Starts under a rate limit within its window now",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+
+    def show(
+        self,
+        depth: Iterable[models.QueueStats],
+        queues: Iterable[models.QueueState],
+        limits: Iterable[models.Limit],
+    ) -> None:
+        """Replace the gauges with this reading, so that a queue or a limit gone since the
+        last scrape disappears rather than showing its last value for ever."""
+        self.depth.clear()
+        self.ready.clear()
+        self.oldest.clear()
+        self.paused.clear()
+        for gauge in (
+            self.limit_max_running,
+            self.limit_running,
+            self.limit_rate,
+            self.limit_recent_starts,
+        ):
+            gauge.clear()
+        for x in limits:
+            target = (x.kind.value, x.name)
+            self.limit_running.labels(*target).set(x.running)
+            if x.max_running is not None:
+                self.limit_max_running.labels(*target).set(x.max_running)
+            if x.rate_limit is not None and x.rate_period is not None:
+                self.limit_rate.labels(*target, f"{x.rate_period:g}").set(x.rate_limit)
+                self.limit_recent_starts.labels(*target).set(x.recent_starts)
+        for q in queues:
+            self.paused.labels(q.name).set(1 if q.paused else 0)
+        for d in depth:
+            self.depth.labels(d.queue, d.priority, d.status).set(d.tasks)
+            if d.status == TaskStatus.QUEUED:
+                self.ready.labels(d.queue, d.priority).set(d.ready)
+                self.oldest.labels(d.queue, d.priority).set(d.oldest_ready_age_seconds or 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

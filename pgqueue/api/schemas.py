@@ -1,0 +1,329 @@
+"""The API's wire format: request bodies, responses and the shared query parameters.
+
+Apart from the routes because these classes *are* the OpenAPI document's schemas: a class
+name is a schema name and a class docstring is its description, so renaming a class or
+giving one a docstring changes the published document (tests/unit/test_public_surface.py).
+The limits here are the library's own (pgqueue.enqueue, pgqueue.models,
+pgqueue.operations), so that the API refuses with a 422 what the library would refuse.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import Query
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+
+from pgqueue import models
+from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.models import MAX_ATTEMPTS, Task
+from pgqueue.operations import DAY as _DAY
+from pgqueue.operations import MAX_RATE, MAX_RUNNING
+
+MAX_PAGE = 500
+MAX_RETENTION = 10 * 365 * _DAY  # as the library's check_seconds
+
+
+def _none_as_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+def _fold_name(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def _datetime_text(value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 date-time string with a time zone offset")
+    return value
+
+
+# --- tasks -----------------------------------------------------------------------------------
+
+
+class SubmitTask(BaseModel):
+    """A task to submit. ``run_at`` (with a time zone) or ``delay_seconds`` schedules it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(min_length=1, max_length=200, examples=["send_email"])
+    # null means "no payload" ({}), as None does in the library and no --payload in the CLI.
+    payload: Annotated[dict[str, Any], BeforeValidator(_none_as_empty)] = Field(
+        default_factory=dict, examples=[{"to": "a@example.com"}]
+    )
+    # The library's rule: a name in any case, surrounding spaces ignored.
+    priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] = "normal"
+    queue: str = Field("default", min_length=1, max_length=200)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+    # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
+    # integer (not "3", 2.0 or true).
+    run_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = None
+    delay_seconds: Annotated[float, Strict()] | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
+    max_attempts: Annotated[int, Strict()] | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+
+
+class TaskOut(BaseModel):
+    task_id: uuid.UUID
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
+    created_at: datetime
+    type: str
+    queue: str
+    priority: str
+    payload: dict[str, Any]
+    result: Any = None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    idempotency_key: str | None
+    cancel_requested: bool
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None = Field(None, description="While running: the worker holding the lease.")
+    lease_expires_at: datetime | None = Field(
+        None, description="While running: when the lease runs out unless the worker renews it."
+    )
+
+    @classmethod
+    def of(cls, task: Task) -> TaskOut:
+        return cls(
+            task_id=task.id,
+            status=task.status.value,
+            created_at=task.created_at,
+            type=task.type,
+            queue=task.queue,
+            priority=task.priority.label,
+            payload=task.payload,
+            result=task.result,
+            attempts=task.attempts,
+            max_attempts=task.max_attempts,
+            last_error=task.last_error,
+            idempotency_key=task.idempotency_key,
+            cancel_requested=task.cancel_requested,
+            run_at=task.visible_after,
+            started_at=task.started_at,
+            finished_at=task.finished_at,
+            worker=task.lease_owner,
+            lease_expires_at=task.lease_expires_at,
+        )
+
+
+class TaskPage(BaseModel):
+    items: list[TaskOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class CancelOut(BaseModel):
+    task_id: uuid.UUID
+    status: Literal["cancelled", "running"]
+    cancel_requested: bool
+
+
+# --- dead letters ----------------------------------------------------------------------------
+
+
+class DeadLetterFilter(BaseModel):
+    """Which dead letters to act on: by type and/or queue, or ``all``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str | None = Field(None, min_length=1, max_length=200)
+    queue: str | None = Field(None, min_length=1, max_length=200)
+    all: bool = False
+    limit: int = Field(1000, ge=1, le=10_000, description="At most this many per call.")
+
+
+class BulkOut(BaseModel):
+    count: int
+    task_ids: list[uuid.UUID]
+
+
+# --- stats -----------------------------------------------------------------------------------
+
+
+class DepthRow(BaseModel):
+    queue: str
+    priority: str
+    status: str
+    tasks: int
+    ready: int
+    scheduled: int
+    oldest_ready_age_seconds: float | None
+
+
+class ThroughputRow(BaseModel):
+    queue: str
+    completed: int
+    failed: int
+
+
+class StatsOut(BaseModel):
+    depth: list[DepthRow]
+    throughput: list[ThroughputRow]
+    window_seconds: float
+    paused_queues: list[str] = Field(
+        default_factory=list, description="Queues no worker claims from until resumed."
+    )
+
+
+# --- schedules and queues --------------------------------------------------------------------
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    timezone: str
+    type: str
+    queue: str
+    last_tick: datetime | None
+    next_tick: datetime | None
+    updated_at: datetime
+
+
+class QueueOut(BaseModel):
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    updated_at: datetime | None
+    completed_retention: float | None = Field(
+        None, description="Seconds completed and cancelled tasks are kept (null: the default)."
+    )
+    dead_retention: float | None = Field(
+        None, description="Seconds dead letters are kept (null: the default)."
+    )
+
+
+class RetentionIn(BaseModel):
+    """A queue's retention, both at once; null (or left out) is the workers' default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    completed_seconds: Annotated[float, Strict()] | None = Field(None, gt=0, le=MAX_RETENTION)
+    dead_seconds: Annotated[float, Strict()] | None = Field(None, gt=0, le=MAX_RETENTION)
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+class LimitIn(BaseModel):
+    """A limit, set as a whole: a part left null is no limit of that kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_running: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RUNNING)
+    rate: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RATE)
+    per_seconds: Annotated[float, Strict()] = Field(1.0, gt=0, le=MAX_RETENTION)
+
+
+class LimitOut(BaseModel):
+    kind: Literal["type", "queue"]
+    name: str
+    max_running: int | None
+    rate: int | None
+    per_seconds: float | None
+    running: int = Field(description="Tasks running under the limit now.")
+    recent_starts: int = Field(description="Starts within the rate window.")
+    updated_at: datetime | None
+
+    @classmethod
+    def of(cls, limit: models.Limit) -> LimitOut:
+        return cls(
+            kind=limit.kind.value,
+            name=limit.name,
+            max_running=limit.max_running,
+            rate=limit.rate_limit,
+            per_seconds=limit.rate_period,
+            running=limit.running,
+            recent_starts=limit.recent_starts,
+            updated_at=limit.updated_at,
+        )
+
+
+class LimitRemovedOut(BaseModel):
+    kind: Literal["type", "queue"]
+    name: str
+    removed: bool
+
+
+# --- the dashboard's series and failures -----------------------------------------------------
+
+
+class ThroughputPointOut(BaseModel):
+    minute: datetime = Field(description="The minute's start (UTC).")
+    completed: int
+    failed: int = Field(description="Dead-lettered (attempts spent) in this minute.")
+
+
+class ThroughputSeriesOut(BaseModel):
+    minutes: int
+    queue: str | None = Field(description="The queue counted; null: every queue together.")
+    points: list[ThroughputPointOut] = Field(
+        description="One per minute, oldest first; the last is the current, partial minute."
+    )
+
+
+class FailureOut(BaseModel):
+    task_id: uuid.UUID
+    type: str
+    queue: str
+    priority: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    started_at: datetime | None = Field(description="When the failed attempt started.")
+    retry_at: datetime | None = Field(description="Retrying: when the next attempt may start.")
+    finished_at: datetime | None = Field(description="Dead: when it was dead-lettered.")
+
+    @classmethod
+    def of(cls, failure: models.Failure) -> FailureOut:
+        return cls(
+            task_id=failure.task_id,
+            type=failure.type,
+            queue=failure.queue,
+            priority=failure.priority.label,
+            attempts=failure.attempts,
+            max_attempts=failure.max_attempts,
+            last_error=failure.last_error,
+            started_at=failure.started_at,
+            retry_at=failure.retry_at,
+            finished_at=failure.finished_at,
+        )
+
+
+class FailuresOut(BaseModel):
+    retrying: list[FailureOut] = Field(
+        description="Queued again after a failed attempt, the latest next attempt first."
+    )
+    dead: list[FailureOut] = Field(description="Dead letters (attempts spent), newest first.")
+
+
+# --- errors and health -----------------------------------------------------------------------
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: str
+    message: str
+    status: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class HealthOut(BaseModel):
+    status: str
+    schema_revision: str | None = None
+
+
+# --- query parameters ------------------------------------------------------------------------
+
+# Shared by the list endpoints. Module level, and imported by name into each routes module:
+# FastAPI resolves a route's annotations in its module's globals, and `from __future__ import
+# annotations` makes them names.
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+Name = Annotated[str | None, Query(min_length=1, max_length=200)]
+Cursor = Annotated[str | None, Query(max_length=200)]
