@@ -90,6 +90,29 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+        # The oldest snapshot holding back vacuum of pgqueue.tasks (0 while none is), and the
+        # threshold the dashboard and `pgqueue stats` warn at, for an alert rule to compare.
+        self.snapshot_age = Gauge(
+            "pgqueue_oldest_snapshot_seconds",
+            "How long the oldest snapshot holding back cleanup of pgqueue.tasks has been open",
+            registry=self.registry,
+        )
+        self.snapshot_xids = Gauge(
+            "pgqueue_oldest_snapshot_xid_age",
+            "How many transactions old the oldest snapshot holding back cleanup is",
+            registry=self.registry,
+        )
+        self.snapshot_warn = Gauge(
+            "pgqueue_oldest_snapshot_warn_seconds",
+            "The snapshot age past which pgqueue warns (PGQUEUE_SNAPSHOT_WARN_SECONDS)",
+            registry=self.registry,
+        )
+
+    def show_snapshot(self, held: models.OldestSnapshot | None, warn_seconds: float) -> None:
+        self.snapshot_age.set(0 if held is None else held.seconds or 0)
+        self.snapshot_xids.set(0 if held is None else held.xid_age)
+        self.snapshot_warn.set(warn_seconds)
+
     def show(
         self,
         depth: Iterable[models.QueueStats],

@@ -159,12 +159,34 @@ class ThroughputRow(BaseModel):
     failed: int
 
 
+class OldestSnapshotOut(BaseModel):
+    """What holds back the cleanup of finished tasks longest (pgqueue.oldest_snapshot)."""
+
+    kind: str = Field(description="'session', 'replication slot' or 'prepared transaction'.")
+    holder: str
+    pid: int | None
+    state: str | None
+    seconds: float | None = Field(description="How long it has been open, when known.")
+    xid_age: int = Field(description="How many transactions ago its snapshot was taken.")
+
+
 class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
     window_seconds: float
     paused_queues: list[str] = Field(
         default_factory=list, description="Queues no worker claims from until resumed."
+    )
+    oldest_snapshot: OldestSnapshotOut | None = Field(
+        default=None,
+        description="The oldest snapshot holding back vacuum of pgqueue.tasks, if any.",
+    )
+    oldest_snapshot_warning: bool = Field(
+        default=False,
+        description="It has been open longer than PGQUEUE_SNAPSHOT_WARN_SECONDS.",
+    )
+    oldest_snapshot_warn_seconds: float = Field(
+        default=60.0, description="The threshold of oldest_snapshot_warning."
     )
 
 

@@ -305,6 +305,26 @@
     renderRunning(running.items);
     renderFailures(failures);
     renderDeadLetterCount(stats);
+    renderSnapshotWarning(stats);
+  }
+
+  function renderSnapshotWarning(stats) {
+    // An old snapshot stops vacuum from cleaning the queue's table: say who holds it and
+    // what to do, before the table and its indexes have grown.
+    const box = $("snapshot-warning");
+    const held = stats.oldest_snapshot;
+    if (!stats.oldest_snapshot_warning || !held) {
+      box.hidden = true;
+      box.textContent = "";
+      return;
+    }
+    const state = held.state ? `, ${held.state}` : "";
+    box.textContent =
+      `Vacuum of pgqueue.tasks is held back: a ${held.kind}, ${held.holder}${state}, has kept ` +
+      `a snapshot open for ${duration(held.seconds)} (${number(held.xid_age)} transactions). ` +
+      "Finished tasks cannot be cleaned up until it ends: end it, or set " +
+      "idle_in_transaction_session_timeout (README: When the database holds an old snapshot).";
+    box.hidden = false;
   }
 
   async function loadSeries() {

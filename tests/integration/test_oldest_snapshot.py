@@ -90,3 +90,36 @@ def test_stats_names_the_holder_and_warns_past_the_threshold(
     idle.rollback()
     quiet = json.loads(runner.invoke(app, ["--json", *args]).output)
     assert quiet["oldest_snapshot"] is None and quiet["oldest_snapshot_warning"] is False
+
+
+def test_the_api_stats_metrics_and_threshold_show_the_holder(
+    database_url: str,
+    connect: Callable[..., psycopg.Connection[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from pgqueue.api import ApiSettings, create_app
+
+    monkeypatch.setenv("PGQUEUE_SNAPSHOT_WARN_SECONDS", "1")
+    with TestClient(create_app(ApiSettings(database_url=database_url))) as client:
+        quiet = client.get("/api/v1/stats").json()
+        assert quiet["oldest_snapshot"] is None and quiet["oldest_snapshot_warning"] is False
+
+        idle = connect(autocommit=False)
+        idle.execute("SELECT txid_current()")
+        time.sleep(1.1)
+        body = client.get("/api/v1/stats").json()
+        metrics = client.get("/metrics").text
+
+    assert body["oldest_snapshot"]["state"] == "idle in transaction"
+    assert body["oldest_snapshot_warning"] is True
+    assert body["oldest_snapshot_warn_seconds"] == 1.0
+    gauges = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("pgqueue_oldest_snapshot")
+    }
+    assert gauges["pgqueue_oldest_snapshot_seconds"] >= 1.0
+    assert gauges["pgqueue_oldest_snapshot_xid_age"] >= 1
+    assert gauges["pgqueue_oldest_snapshot_warn_seconds"] == 1.0

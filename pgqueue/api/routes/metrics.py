@@ -8,7 +8,7 @@ import contextlib
 from fastapi import FastAPI, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pgqueue import aio
+from pgqueue import aio, config
 from pgqueue.api.dependencies import AppState
 from pgqueue.errors import PgQueueError
 
@@ -21,7 +21,9 @@ async def metrics(state: AppState) -> Response:
             depth = await aio.overview(conn)
             queues = await aio.list_queues(conn)
             limits = await aio.list_limits(conn)
+            held = await aio.oldest_snapshot(conn)
         state.metrics.show(depth, queues, limits)
+        state.metrics.show_snapshot(held, config.snapshot_warn_seconds())
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 

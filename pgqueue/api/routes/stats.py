@@ -8,13 +8,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from pgqueue import aio
+from pgqueue import aio, config
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.routes import V1
 from pgqueue.api.schemas import (
     DepthRow,
     Name,
+    OldestSnapshotOut,
     StatsOut,
     ThroughputPointOut,
     ThroughputRow,
@@ -33,16 +34,24 @@ async def stats(
     """Waiting, running and dead-lettered tasks per queue, priority and status, with the
     oldest ready task's age (the autoscaling signal), and tasks finished per queue in the
     last ``window_seconds``. Completed and cancelled tasks are counted only there: counting
-    every one kept would read the whole table on each call."""
+    every one kept would read the whole table on each call. Also the oldest snapshot that
+    holds back vacuum of the queue's table, flagged past ``PGQUEUE_SNAPSHOT_WARN_SECONDS``."""
     async with state.connection() as conn:
         depth = await aio.overview(conn)
         done = await aio.throughput(conn, window_seconds=window_seconds)
         queues = await aio.list_queues(conn)
+        held = await aio.oldest_snapshot(conn)
+    warn = config.snapshot_warn_seconds()
     return StatsOut(
         depth=[DepthRow(**dataclasses.asdict(d)) for d in depth],
         throughput=[ThroughputRow(**dataclasses.asdict(t)) for t in done],
         window_seconds=window_seconds,
         paused_queues=sorted(q.name for q in queues if q.paused),
+        oldest_snapshot=None if held is None else OldestSnapshotOut(**dataclasses.asdict(held)),
+        oldest_snapshot_warning=held is not None
+        and held.seconds is not None
+        and held.seconds >= warn,
+        oldest_snapshot_warn_seconds=warn,
     )
 
 
