@@ -51,11 +51,14 @@ Why it is built this way:
   end counting as its age then, so that a task submitted under pressure and claimed only after
   it still counts against the pressure. Completions are ``finished_at``; all of it is read once
   after the run, from the rows (no per-window query competes with the queue meanwhile).
-* **Sampled every second:** the ready backlog, running tasks, the oldest snapshot of a client
-  backend of this database (``now() - xact_start`` of those with an ``backend_xmin`` or XID,
-  and ``max(age(backend_xmin))`` in transactions), dead tuples and vacuums of the table, the
-  claim index's size, and CPU per component (bench.loadkit.CpuMeter: the worker, the queue's
-  PostgreSQL backends, the pressure's backends and pg_dump, the whole server, the machine).
+* **Sampled every second:** the ready backlog, running tasks, the oldest cleanup horizon a
+  client backend of this database holds (``age()`` of its ``backend_xmin`` or XID, in
+  transactions, and in seconds: since the xid counter passed it, from the samples' own
+  history of ``pg_current_snapshot()``, because ``now() - xact_start`` overstates it for a
+  READ COMMITTED transaction that idled before its latest statement; with who holds it),
+  dead tuples and vacuums of the table, the claim index's size, and CPU per component
+  (bench.loadkit.CpuMeter: the worker, the queue's PostgreSQL backends, the pressure's
+  backends and pg_dump, the whole server, the machine).
   The backlog count walks the same index the claims do: it is one such walk a second.
 * **The verdict** is the issue's targets, once the rate is known to have been offered:
   completions >= 90 % of offered in every window of the pressure (and over it), pickup p99
@@ -151,7 +154,7 @@ SELECT extract(epoch FROM clock_timestamp())::float8,
          WHERE datname = current_database() AND pid <> pg_backend_pid()
            AND backend_type = 'client backend'
            AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)),
-       (SELECT max(age(backend_xmin)) FROM pg_stat_activity
+       (SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity
          WHERE datname = current_database() AND pid <> pg_backend_pid()
            AND backend_type = 'client backend'),
        array(SELECT pid FROM pg_stat_activity
@@ -159,7 +162,17 @@ SELECT extract(epoch FROM clock_timestamp())::float8,
        (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgqueue.tasks'::regclass),
        (SELECT autovacuum_count + vacuum_count FROM pg_stat_user_tables
          WHERE relid = 'pgqueue.tasks'::regclass),
-       pg_relation_size('pgqueue.tasks_claim_idx')
+       pg_relation_size('pgqueue.tasks_claim_idx'),
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+       (SELECT coalesce(application_name, '') || ' (' || coalesce(state, '') || '): '
+               || left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 60)
+          FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND backend_type = 'client backend'
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+         -- Every snapshot taken meanwhile has the holder's xid as its xmin too: of those
+         -- tied, the one whose transaction began first is the holder.
+         ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC, xact_start LIMIT 1)
 """
 
 # Per window of --window seconds from t0 (the producer's start, database clock). Rows created
@@ -875,19 +888,37 @@ def run_one(
         stack.callback(producer.stop)
         samples: list[dict[str, Any]] = []
 
+        holders: dict[str, float] = {}
+
+        def horizon_age(db: float, next_xid: int, xmin_age: int, xact_age: float) -> float:
+            """Seconds since the xid counter passed the oldest horizon (next xid minus its
+            age in xids), from the samples' history: how old the cleanup horizon is, which
+            ``now() - xact_start`` is not for a READ COMMITTED transaction that idled before
+            its latest statement. Before the first sample: the transaction's age."""
+            horizon = next_xid - xmin_age
+            if not samples or samples[0]["next_xid"] > horizon:
+                return xact_age
+            passed = next((x for x in samples if x["next_xid"] > horizon), None)
+            return max(0.0, db - passed["db"]) if passed is not None else 0.0
+
         def sample(k: int) -> dict[str, Any]:
             row = sampler.execute(SAMPLE_QUERY).fetchone()
             assert row is not None
             db_pids[:] = row[5]
             cpu.sample()
+            age_s = horizon_age(row[0], row[9], row[4] or 0, row[3] or 0.0)
+            if row[10] and age_s >= 1.0:
+                holders[row[10]] = max(holders.get(row[10], 0.0), age_s)
             s = {
                 "k": k,
                 "mono": time.monotonic(),
                 "db": row[0],
                 "ready": row[1],
                 "running": row[2],
-                "snapshot_s": row[3] or 0.0,
+                "snapshot_s": age_s,
+                "xact_s": row[3] or 0.0,
                 "xmin_age": row[4] or 0,
+                "next_xid": row[9],
                 "dead": row[6],
                 "vacuums": row[7],
                 "claim_idx_mb": row[8] / 2**20,
@@ -1276,6 +1307,12 @@ def run_one(
     )
     if pressure_name != "none":
         print(f"Pressure: snapshot held {pressure.held_s:.1f} s; {json.dumps(pressure.notes)}.")
+    top = sorted(holders.items(), key=lambda kv: -kv[1])[:5]
+    print(
+        "Oldest snapshot holders seen (client backends, their oldest age): "
+        + ("; ".join(f"`{who}` {age:.0f} s" for who, age in top) if top else "none over 1 s")
+        + "."
+    )
     print(f"Worker warnings/errors in its log: {events or 'none'}.")
     for line in event_lines:
         print(f"    {line[:300]}")
@@ -1314,6 +1351,7 @@ def run_one(
         "recovered_s": recovered_s,
         "snapshot_held_s": round(pressure.held_s, 1) if pressure_name != "none" else None,
         "pressure_notes": pressure.notes,
+        "snapshot_holders": dict(top),
         "fill": fill,
         "verdict": {name: ok for name, ok, _ in criteria},
         "passed": verdict == "PASS",
