@@ -71,7 +71,7 @@ from bench.loadkit import (
     wait_for_workers,
     worker_command,
 )
-from pgqueue.maintenance import MaintenanceConfig
+from pgqueue.worker.maintenance import MaintenanceConfig
 
 SAMPLE_QUERY = """
 SELECT extract(epoch FROM now())::float8,

@@ -36,8 +36,8 @@ import pgqueue
 from pgqueue import migrate, roles
 from pgqueue.api import ApiSettings, create_app
 from pgqueue.cli import app as cli_app
-from pgqueue.maintenance import Maintenance
 from pgqueue.models import TaskStatus
+from pgqueue.worker.maintenance import Maintenance
 
 PASSWORD = "app-pw-7c1e"  # the shared test server trusts 127.0.0.1, so it is not checked there
 TOKEN = "lp-token-5b2d"

@@ -12,7 +12,7 @@ import psycopg
 
 import pgqueue
 from pgqueue import queries
-from pgqueue.maintenance import Maintenance
+from pgqueue.worker.maintenance import Maintenance
 
 
 def analyze_count(conn) -> int:

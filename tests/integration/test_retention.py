@@ -20,7 +20,7 @@ from boundaries import Api, run_main
 import pgqueue
 from pgqueue import aio
 from pgqueue.api import ApiSettings
-from pgqueue.maintenance import Maintenance, MaintenanceConfig
+from pgqueue.worker.maintenance import Maintenance, MaintenanceConfig
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 HOUR = 3600.0

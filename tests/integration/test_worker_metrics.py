@@ -26,12 +26,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgqueue
-from pgqueue import queries, worker_metrics
+from pgqueue import queries
 from pgqueue.errors import ConfigurationError
-from pgqueue.maintenance import Maintenance
 from pgqueue.registry import Retry, TaskRegistry
 from pgqueue.worker import Worker, WorkerConfig
-from pgqueue.worker_metrics import NO_METRICS, PrometheusWorkerMetrics
+from pgqueue.worker import metrics as worker_metrics
+from pgqueue.worker.maintenance import Maintenance
+from pgqueue.worker.metrics import NO_METRICS, PrometheusWorkerMetrics
 
 T = TypeVar("T")
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -216,7 +217,7 @@ def test_worker_without_metrics_port_has_no_op_hooks_and_never_imports_prometheu
         "import sys\n"
         "from pgqueue.registry import TaskRegistry\n"
         "from pgqueue.worker import Worker\n"
-        "from pgqueue.maintenance import Maintenance\n"
+        "from pgqueue.worker.maintenance import Maintenance\n"
         f"Worker(TaskRegistry(), {database_url!r}); Maintenance()\n"
         "assert 'prometheus_client' not in sys.modules, 'imported'\n"
     )

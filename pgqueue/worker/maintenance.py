@@ -1,4 +1,5 @@
-"""Built-in maintenance: the expired-lease sweep and retention pruning.
+"""Built-in maintenance: the expired-lease sweep, retention pruning, the starvation policy's
+promotion and ANALYZE after a burst.
 
 On by default in every worker, so crash recovery never depends on a user scheduling it.
 Each batch runs in its own short transaction that first takes a transaction-level advisory
@@ -24,7 +25,10 @@ from pgqueue.errors import DatabaseUnavailable, ValidationError
 from pgqueue.log import event
 from pgqueue.models import TaskStatus
 from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
-from pgqueue.worker_metrics import NO_METRICS, WorkerMetrics
+from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
+from pgqueue.worker.results import MaintenanceResult
+
+__all__ = ["Maintenance", "MaintenanceConfig", "MaintenanceResult"]
 
 # After ANALYZE was refused (see Maintenance.analyze_once), try again this much later: a DBA
 # may have granted MAINTAIN meanwhile.
@@ -65,16 +69,10 @@ class MaintenanceConfig:
             raise ValidationError("batch_size", "batch_size and max_batches must be at least 1")
 
 
-@dataclasses.dataclass
-class MaintenanceResult:
-    requeued: int = 0
-    dead: int = 0
-    cancelled: int = 0
-    pruned: int = 0
-    skipped: bool = False  # another runner held the lock
-
-
 class Maintenance:
+    """Each ``*_once`` is one step on a connection it is given, so that a test (or a role
+    check) can drive it alone; ``run`` is only the loop that times them."""
+
     def __init__(
         self, config: MaintenanceConfig | None = None, *, metrics: WorkerMetrics = NO_METRICS
     ) -> None:

@@ -33,11 +33,10 @@ from pgqueue.errors import ConfigurationError
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask, FailOutcome, FailResult
 from pgqueue.operations import backlog
+from pgqueue.worker.results import MaintenanceResult
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
-
-    from pgqueue.maintenance import MaintenanceResult
 
 T = TypeVar("T")
 

@@ -1,0 +1,116 @@
+"""The claim loop: as many ready tasks as there are free slots, in one statement.
+
+It wakes on a NOTIFY from an enqueue (through the listener), on a freed slot, or on a jittered
+poll, the fallback that also finds scheduled tasks come due, which nothing announces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pgqueue.models import ClaimedTask
+from pgqueue.queries import arun, claim_round, limits_probe, task_claim
+from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database import Database
+from pgqueue.worker.metrics import WorkerMetrics
+from pgqueue.worker.state import Slots, StopRequest
+
+# A worker that saw no limits takes the one-statement claim, and looks for limits again this
+# often (a worker that saw some looks at every claim).
+LIMITS_RECHECK_SECONDS = 1.0
+
+
+class Claimer:
+    """Claims and hands each task to ``start`` (the runner); ``run`` is the loop, which ends
+    when a stop is requested, and ``free_slots`` and ``claim_once`` its steps."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        db: Database,
+        metrics: WorkerMetrics,
+        slots: Slots,
+        stop: StopRequest,
+        start: Callable[[ClaimedTask], None],
+    ) -> None:
+        self._config = config
+        self._db = db
+        self._metrics = metrics
+        self._slots = slots
+        self._running = slots.running
+        self._pending = slots.pending
+        self._stop = stop
+        self._start = start
+        self._limits_checked = -LIMITS_RECHECK_SECONDS
+
+    async def run(self) -> None:
+        cfg = self._config
+        while not self._stop.stopping:
+            free = self.free_slots()
+            if free <= 0:
+                self._slots.slot_freed.clear()
+                await self._slots.slot_freed.wait()
+                continue
+            want = min(free, cfg.max_claim_batch)
+            claimed = await self.claim_once(want)
+            if claimed is None:  # database trouble: back off a little, then poll again
+                await self._sleep_or_wake(min(cfg.poll_interval, 1.0))
+                continue
+            if self._stop.stopping:
+                break
+            if len(claimed) == want:
+                continue  # probably more waiting
+            await self._sleep_or_wake(cfg.poll_interval * random.uniform(0.8, 1.2))
+
+    def free_slots(self) -> int:
+        """Completions waiting to be written still hold leases: past one batch of them, they
+        count against the slots, so a slow database slows claiming down instead of letting
+        the worker pile up leases (and heartbeat work) without bound."""
+        concurrency = self._config.concurrency
+        backlog = max(0, len(self._pending) - concurrency)
+        return concurrency - len(self._running) - backlog
+
+    async def claim_once(self, want: int) -> list[ClaimedTask] | None:
+        """Claim up to ``want`` tasks and start each; None when the database could not be
+        reached (nothing was claimed)."""
+        self._slots.wake.clear()  # before the claim, so a NOTIFY during it is not missed
+        claimed = await self._db.call(
+            lambda c: self._metrics.claim_timed(self._claim(c, want)), attempts=1
+        )
+        if claimed is not None:
+            for task in claimed:
+                self._start(task)
+        return claimed
+
+    async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
+        """One claim. Where no limit existed at the last look, the ordinary claim alone, one
+        statement: it leaves limited tasks alone anyway, so a limit set since then is never
+        broken, only its tasks wait until the next look (LIMITS_RECHECK_SECONDS at most).
+        Otherwise a probe first, and only when a limited task may be waiting, the claim that
+        honours the limits, in a transaction of its own (it takes the limits lock)."""
+        cfg = self._config
+        queues, owner, lease = cfg.queues, cfg.worker_id, cfg.lease_seconds
+        now = time.monotonic()
+        if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
+            probe = await arun(conn, limits_probe(queues))
+            self._slots.limited, self._limits_checked = probe.limited, now
+            if probe.waiting:
+                op = claim_round(
+                    queues=queues, limit=want, owner=owner, lease_seconds=lease, probed=probe
+                )
+                claimed, _ = await arun(conn, op, atomic=True)
+                return claimed
+        return await arun(
+            conn, task_claim(queues=queues, limit=want, owner=owner, lease_seconds=lease)
+        )
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._slots.wake.wait()

@@ -1,0 +1,80 @@
+"""Lease renewal: one statement renews every lease the worker holds, both the running tasks'
+and those of completions waiting for their batched write.
+
+The same round trip brings back what the handlers must hear about: a cancellation someone
+requested, and a lease that is gone (swept, or taken by another worker after a long stall),
+after which the task's outcome is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from pgqueue import aio
+from pgqueue.log import event
+from pgqueue.models import Lease
+from pgqueue.queries import HeartbeatResult
+from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database import Database
+from pgqueue.worker.state import Running, Slots
+
+
+class Heartbeat:
+    """``run`` beats every third of the lease until cancelled (the worker cancels it only
+    once the last completion is written); ``beat_once`` is one round."""
+
+    def __init__(self, config: WorkerConfig, *, db: Database, slots: Slots) -> None:
+        self._config = config
+        self._db = db
+        self._running = slots.running
+        self._pending = slots.pending
+
+    async def run(self) -> None:
+        interval = max(self._config.lease_seconds / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            await self.beat_once()
+
+    async def beat_once(self) -> None:
+        held = {r.task.id: r for r in self._running.values() if not r.released}
+        leases: list[Lease] = [r.task.lease for r in held.values()]
+        leases += [p.task.lease for p in self._pending]
+        if not leases:
+            return
+        cfg = self._config
+        result = await self._db.call(
+            lambda c: aio.heartbeat(c, leases, lease_seconds=cfg.lease_seconds), attempts=1
+        )
+        if result is None:
+            return  # try again next round; the lease is a multiple of the interval
+        self._tell_handlers(held, result)
+
+    def _tell_handlers(self, held: dict[uuid.UUID, Running], result: HeartbeatResult) -> None:
+        for task_id, running in held.items():
+            if task_id not in self._running or running.recording:
+                continue  # its outcome was (being) written while the heartbeat was in flight
+            if task_id not in result.held:
+                if not running.ctx.lease_lost:
+                    running.ctx.lease_lost = True
+                    running.ctx.stop()
+                    event(
+                        "task.lease_lost",
+                        logging.WARNING,
+                        task_id=task_id,
+                        type=running.task.type,
+                        attempt=running.task.attempts,
+                        note="heartbeat found the lease gone; the outcome will be dropped",
+                    )
+                continue
+            running.ctx.lease_expires_at = result.held[task_id]
+            if task_id in result.cancel_requested and not running.ctx.cancel_requested:
+                running.ctx.cancel_requested = True
+                running.ctx.stop()
+                event(
+                    "task.cancel_requested",
+                    task_id=task_id,
+                    type=running.task.type,
+                    attempt=running.task.attempts,
+                )

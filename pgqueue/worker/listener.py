@@ -1,0 +1,54 @@
+"""LISTEN wake-ups: an enqueue's NOTIFY wakes the claimer at once instead of at its next poll.
+
+A connection of its own, outside the pool: it sits in LISTEN for the worker's whole life. It is
+re-established after any disconnect, and every (re)connection wakes the claimer, since the
+notifications sent while it was deaf are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+
+from pgqueue.log import event
+from pgqueue.worker.config import WorkerConfig
+
+
+class Listener:
+    """``run`` listens until cancelled and sets ``wake`` for a notification about one of the
+    worker's queues (or ``*``: any queue)."""
+
+    def __init__(self, database_url: str, config: WorkerConfig, *, wake: asyncio.Event) -> None:
+        self.database_url = database_url
+        self._config = config
+        self._queues = set(config.queues)
+        self._wake = wake
+
+    async def run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.database_url, autocommit=True, connect_timeout=10
+                )
+                async with conn:
+                    await conn.execute("LISTEN pgqueue")
+                    self._wake.set()  # anything sent while we were deaf is lost: look now
+                    delay = 0.2
+                    async for note in conn.notifies():
+                        if note.payload in self._queues or note.payload == "*":
+                            self._wake.set()
+            except psycopg.Error as exc:
+                event(
+                    "worker.listen_lost",
+                    logging.WARNING,
+                    worker=self._config.worker_id,
+                    error=str(exc).strip().splitlines()[0]
+                    if str(exc).strip()
+                    else type(exc).__name__,
+                    retry_in_s=delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)

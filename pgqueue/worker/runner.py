@@ -1,0 +1,222 @@
+"""Starting a claimed task and recording what became of it.
+
+The executor (pgqueue/executor.py) turns a handler's run into exactly one outcome and knows
+nothing of the worker; this is the worker's side of it: the task's slot and context, its log
+events and metrics, and where each outcome is written. A completion, the common outcome, goes
+to the completer's next batch; a failure, a cancellation or a retry is written here and now,
+fenced by the lease, since what to log depends on what the database did with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar
+
+from pgqueue import aio, tracing
+from pgqueue.errors import LeaseLost
+from pgqueue.executor import (
+    Cancelled,
+    Completed,
+    DaemonThreadPool,
+    Executor,
+    Failed,
+    Lost,
+    Outcome,
+    Recorded,
+    TaskContext,
+)
+from pgqueue.log import event, logger
+from pgqueue.models import ClaimedTask, FailOutcome, Lease
+from pgqueue.registry import TaskRegistry
+from pgqueue.worker.completer import Completer
+from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database import Database
+from pgqueue.worker.handler_pools import HandlerPools
+from pgqueue.worker.metrics import WorkerMetrics
+from pgqueue.worker.state import PendingCompletion, Running, Slots
+
+T = TypeVar("T")
+
+
+class Runner:
+    """The handler threads are made by ``open`` when the worker runs, and told to end by
+    ``close`` (daemon threads: one stuck in a handler cannot hold the process)."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        registry: TaskRegistry,
+        *,
+        db: Database,
+        metrics: WorkerMetrics,
+        slots: Slots,
+        completer: Completer,
+        pools: HandlerPools,
+    ) -> None:
+        self.processed = 0  # outcomes recorded here (the completer counts its own)
+        self._config = config
+        self._registry = registry
+        self._db = db
+        self._metrics = metrics
+        self._slots = slots
+        self._running = slots.running
+        self._completer = completer
+        self._pools = pools
+        self._threads: DaemonThreadPool | None = None
+        self._executor: Executor | None = None
+
+    def open(self) -> None:
+        self._threads = DaemonThreadPool(self._config.concurrency)
+        self._executor = Executor(self._threads)
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown()
+
+    def start(self, task: ClaimedTask) -> None:
+        """Take a slot for ``task`` and run it in a job of its own, so the claimer can start
+        the rest of its batch at once."""
+        ctx = TaskContext(
+            task,
+            worker_id=self._config.worker_id,
+            sync_pool=self._pools.get_sync,
+            async_pool=self._pools.get_async,
+        )
+        running = Running(task, ctx, time.monotonic())
+        self._running[task.id] = running
+        running.job = asyncio.create_task(self._execute(running))
+
+    async def _execute(self, running: Running) -> None:
+        task, ctx = running.task, running.ctx
+        assert self._executor is not None
+        if logger.isEnabledFor(logging.INFO):  # per task: skip building the fields when off
+            event(
+                "task.started",
+                task_id=task.id,
+                type=task.type,
+                attempt=task.attempts,
+                max_attempts=task.max_attempts,
+                queue=task.queue,
+            )
+        self._metrics.task_started(task)
+        try:
+            handler = self._registry.get(task.type)
+            with tracing.execution_span(
+                task_id=task.id,
+                type=task.type,
+                queue=task.queue,
+                attempt=task.attempts,
+                trace_context=task.trace_context,
+            ) as span:
+                outcome = await self._executor.run(task, ctx, handler)
+                if isinstance(outcome, Failed | Lost):
+                    tracing.record_failure(span, getattr(outcome, "error", "lease lost"))
+            if not running.released:
+                running.recording = True
+                await self._record(running, outcome)
+            if ctx.overrun is not None:
+                event(
+                    "task.handler_overrun",
+                    logging.WARNING,
+                    task_id=task.id,
+                    type=task.type,
+                    attempt=task.attempts,
+                    note="timed out but its thread is still running; its slot stays taken",
+                )
+                with contextlib.suppress(Exception):
+                    await ctx.overrun
+        except asyncio.CancelledError:
+            pass  # released at shutdown; the task is back in the queue
+        except Exception as exc:  # a bug of ours: never let it kill the loop
+            event(
+                "worker.internal_error",
+                logging.ERROR,
+                task_id=task.id,
+                type=task.type,
+                attempt=task.attempts,
+                error=repr(exc),
+            )
+        finally:
+            self._running.pop(task.id, None)
+            self._slots.changed()
+
+    async def _record(self, running: Running, outcome: Outcome) -> None:
+        task, ctx = running.task, running.ctx
+        duration = time.monotonic() - running.started
+        self._metrics.task_finished(task, duration)
+        if isinstance(outcome, Completed):  # the hot path: queue it for the batched write
+            self._completer.add(PendingCompletion(task, outcome.result_json, duration))
+            return
+        fields: dict[str, Any] = {
+            "task_id": task.id,
+            "type": task.type,
+            "attempt": task.attempts,
+            "duration_ms": round(duration * 1000, 1),
+        }
+        if isinstance(outcome, Recorded):
+            self.processed += 1
+            self._metrics.task_completed(task)
+            event("task.completed", **fields, transactional=True)
+            return
+        if isinstance(outcome, Lost) or ctx.lease_lost:
+            event("task.lease_lost", logging.WARNING, **fields)
+            return
+        if isinstance(outcome, Cancelled):
+            ok = await self._db.call(lambda c: _fenced(_cancel(c, task.lease, outcome.reason)))
+            event("task.cancelled" if ok else "task.lease_lost", **fields, reason=outcome.reason)
+            return
+        assert isinstance(outcome, Failed)
+        await self._record_failure(task, outcome, fields)
+
+    async def _record_failure(
+        self, task: ClaimedTask, outcome: Failed, fields: dict[str, Any]
+    ) -> None:
+        handler = self._registry.get(task.type)
+        policy = handler.retry if handler is not None else None
+        result = await self._db.call(
+            lambda c: _fenced(
+                aio.fail(
+                    c, task.lease, outcome.error, retry_after=outcome.retry_after, policy=policy
+                )
+            )
+        )
+        self._metrics.task_failed(task, result or None)
+        summary = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "error"
+        if result is None or result is False:
+            event("task.lease_lost", logging.WARNING, **fields, error=summary)
+        elif result.outcome is FailOutcome.CANCELLED:
+            self.processed += 1
+            event("task.cancelled", **fields, reason="cancellation requested", error=summary)
+        elif result.outcome is FailOutcome.DEAD:
+            self.processed += 1
+            event(
+                "task.dead", logging.ERROR, **fields, max_attempts=task.max_attempts, error=summary
+            )
+        else:
+            self.processed += 1
+            wait = (result.retry_at.timestamp() - time.time()) if result.retry_at else 0
+            event(
+                "task.retried",
+                logging.WARNING,
+                **fields,
+                max_attempts=task.max_attempts,
+                retry_in_s=round(max(wait, 0), 2),
+                error=summary,
+            )
+
+
+async def _cancel(conn: Any, lease: Lease, reason: str) -> bool:
+    await aio.cancel_leased(conn, lease, reason)
+    return True
+
+
+async def _fenced(write: Awaitable[T]) -> T | Literal[False]:
+    """The write's result, or False when the lease was lost (the write did nothing)."""
+    try:
+        return await write
+    except LeaseLost:
+        return False

@@ -1,0 +1,57 @@
+"""Periodic schedules (TaskRegistry.periodic): each due tick enqueued as a task.
+
+Safe in every worker at once: the schedule's row lock queues the workers up, and each
+enqueues only the ticks after the last one recorded, so a tick is enqueued once between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from pgqueue import aio
+from pgqueue.cron import Schedule
+from pgqueue.log import event
+from pgqueue.models import EnqueueResult
+from pgqueue.registry import TaskRegistry
+from pgqueue.worker.database import Database
+
+
+class Scheduler:
+    """``run`` ticks until cancelled; ``tick_once`` is one pass over the schedules."""
+
+    def __init__(self, registry: TaskRegistry, *, db: Database) -> None:
+        self._registry = registry
+        self._db = db
+
+    async def run(self) -> None:
+        """Enqueue each schedule's due ticks, then sleep until the next tick of any of them."""
+        schedules = self._registry.schedules
+        while True:
+            await self.tick_once(schedules)
+            now = datetime.now(UTC)
+            wake = min(s.next_after(now) for s in schedules)
+            await asyncio.sleep(min(max((wake - now).total_seconds(), 0.005), 5.0))
+
+    async def tick_once(self, schedules: list[Schedule]) -> None:
+        for schedule in schedules:
+
+            async def run(conn: Any, s: Schedule = schedule) -> list[EnqueueResult]:
+                return await aio.run_schedule(conn, s, registry=self._registry)
+
+            try:
+                results = await self._db.call(run, attempts=1)
+            except Exception as exc:  # a bad schedule must not stop the others
+                event("schedule.error", logging.ERROR, schedule=schedule.name, error=str(exc))
+                continue
+            for result in results or []:
+                if result.created:
+                    event(
+                        "schedule.enqueued",
+                        schedule=schedule.name,
+                        task_id=result.task.id,
+                        type=result.task.type,
+                        tick=result.task.visible_after.isoformat(),
+                    )

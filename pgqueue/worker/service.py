@@ -1,0 +1,286 @@
+"""The worker: builds its services, runs them on one asyncio loop and stops them.
+
+What is left here is what belongs to no single service: waiting at startup for a database
+that is not up yet, the order in which the services start and stop, and the graceful stop
+(signals, the grace period, releasing what did not finish, the last flush).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from pgqueue import aio
+from pgqueue.config import resolve_database_url
+from pgqueue.errors import DatabaseUnavailable
+from pgqueue.log import event
+from pgqueue.registry import TaskRegistry
+from pgqueue.worker.claimer import Claimer
+from pgqueue.worker.completer import Completer
+from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database import Database
+from pgqueue.worker.handler_pools import HandlerPools
+from pgqueue.worker.heartbeat import Heartbeat
+from pgqueue.worker.listener import Listener
+from pgqueue.worker.maintenance import Maintenance
+from pgqueue.worker.metrics import create as create_metrics
+from pgqueue.worker.runner import Runner
+from pgqueue.worker.scheduler import Scheduler
+from pgqueue.worker.state import Slots, StopRequest
+
+# A stop signal this soon after the previous one is its echo (see Worker._on_signal).
+SIGNAL_ECHO_SECONDS = 1.0
+
+
+class Worker:
+    """Runs the handlers of ``registry`` for tasks of ``config.queues``."""
+
+    def __init__(
+        self,
+        registry: TaskRegistry,
+        database_url: str | None = None,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.registry = registry
+        self.database_url = resolve_database_url(database_url)
+        self.config = config or WorkerConfig()
+        self._slots = Slots()
+        self._stop = StopRequest()
+        self._signalled_at: float | None = None  # when the last stop signal was taken
+        self.metrics = create_metrics(
+            self.config.metrics_port,
+            host=self.config.metrics_host,
+            queues=self.config.queues,
+            database_url=self.database_url,
+        )
+        cfg, slots, url = self.config, self._slots, self.database_url
+        self._db = Database(url, cfg, self._stop)
+        self._pools = HandlerPools(url, cfg)
+        self._completer = Completer(self._db, self.metrics, slots)
+        self._runner = Runner(
+            cfg,
+            registry,
+            db=self._db,
+            metrics=self.metrics,
+            slots=slots,
+            completer=self._completer,
+            pools=self._pools,
+        )
+        self._claimer = Claimer(
+            cfg,
+            db=self._db,
+            metrics=self.metrics,
+            slots=slots,
+            stop=self._stop,
+            start=self._runner.start,
+        )
+        self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots)
+        self._listener = Listener(url, cfg, wake=slots.wake)
+        self._scheduler = Scheduler(registry, db=self._db)
+
+    @property
+    def processed(self) -> int:
+        """Tasks whose outcome this worker recorded."""
+        return self._runner.processed + self._completer.processed
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT (graceful; a second signal stops at once)."""
+        asyncio.run(self.run_async(install_signal_handlers=True))
+
+    def request_stop(self, *, force: bool = False) -> None:
+        """Stop claiming and finish within the grace period (``force``: release at once)."""
+        stop = self._stop
+        if stop.stopping and not force:
+            force = True  # a second request means now
+        if force:
+            stop.force = True
+            stop.forced.set()
+        if not stop.stopping:
+            event(
+                "worker.stopping",
+                worker=self.config.worker_id,
+                running=len(self._slots.running),
+                grace_period_s=self.config.grace_period,
+            )
+        stop.stopping = True
+        stop.requested.set()
+        self._slots.wake.set()
+        self._slots.slot_freed.set()
+
+    def _on_signal(self) -> None:
+        """SIGTERM/SIGINT: stop gracefully; another one later means now. One that arrives
+        within SIGNAL_ECHO_SECONDS of the first is the same request arriving twice, not a
+        second request: signalling a process group (systemd's default KillMode, Ctrl-C in a
+        terminal, ``kill -TERM -PGID``) reaches a supervised worker directly and again
+        through its supervisor, and must not cut the grace period short."""
+        now = time.monotonic()
+        if self._signalled_at is not None and now - self._signalled_at < SIGNAL_ECHO_SECONDS:
+            return
+        self._signalled_at = now
+        self.request_stop()
+
+    async def run_async(self, *, install_signal_handlers: bool = False) -> None:
+        self.metrics.start()  # /metrics and /healthz, with a metrics port only
+        try:
+            await self._run(install_signal_handlers)
+        finally:
+            self.metrics.stop()
+
+    async def _run(self, install_signal_handlers: bool) -> None:
+        cfg = self.config
+        await self._wait_for_database()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal)
+        pool = await self._db.open()
+        self._runner.open()
+        event(
+            "worker.started",
+            worker=cfg.worker_id,
+            queues=",".join(cfg.queues),
+            concurrency=cfg.concurrency,
+            lease_s=cfg.lease_seconds,
+            handlers=",".join(self.registry.types),
+        )
+        helpers = self._start_helpers(pool)
+        await self._check_server()
+        try:
+            await self._claimer.run()
+            await self._drain()
+        finally:
+            for t in helpers:
+                t.cancel()
+            for t in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            await self._close()
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            event("worker.stopped", worker=cfg.worker_id, processed=self.processed)
+
+    def _start_helpers(self, pool: AsyncConnectionPool[Any]) -> list[asyncio.Task[None]]:
+        """The services that run beside the claimer until it and the drain are done (the
+        heartbeat and the completer must outlive the drain: its tasks still finish)."""
+        cfg = self.config
+        helpers = [
+            asyncio.create_task(self._listener.run(), name="listener"),
+            asyncio.create_task(self._heartbeat.run(), name="heartbeat"),
+            asyncio.create_task(self._completer.run(), name="completer"),
+        ]
+        if cfg.scheduler and self.registry.schedules:
+            helpers.append(asyncio.create_task(self._scheduler.run(), name="scheduler"))
+        if cfg.maintenance.enabled:
+            maintenance = Maintenance(cfg.maintenance, metrics=self.metrics)
+            helpers.append(
+                asyncio.create_task(maintenance.run(pool, self._stop.requested), name="maintenance")
+            )
+        return helpers
+
+    async def _wait_for_database(self) -> None:
+        """Refuse a schema behind head, waiting up to ``startup_timeout`` for a database that
+        is down or starting up. A running worker rides out an outage; one that starts during
+        it should too, rather than exit and be restarted in a loop by its supervisor (whose
+        backoff grows to minutes). A refusal that waiting cannot cure (wrong password, no
+        such database) still fails at once."""
+        from pgqueue import migrate  # alembic is slow to import: only when a worker starts
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.startup_timeout
+        delay = 0.2
+        while True:
+            try:
+                await asyncio.to_thread(migrate.check, self.database_url)
+                return
+            except DatabaseUnavailable as exc:
+                if not exc.transient or loop.time() + delay > deadline:
+                    raise
+                event(
+                    "worker.database_unreachable",
+                    logging.WARNING,
+                    worker=self.config.worker_id,
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                    gives_up_in_s=round(deadline - loop.time(), 1),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _check_server(self) -> None:
+        """Warn about server settings that hurt a queue table over time."""
+
+        async def autovacuum(conn: Any) -> str:
+            cur = await conn.execute("SELECT current_setting('autovacuum')")
+            row = await cur.fetchone()
+            return str(row[0]) if row else "on"
+
+        if await self._db.call(autovacuum, attempts=1) == "off":
+            event(
+                "worker.autovacuum_off",
+                logging.WARNING,
+                worker=self.config.worker_id,
+                note="the server has autovacuum off: every claim and completion leaves a dead "
+                "row, and pgqueue.tasks will grow and slow down unless it is vacuumed",
+            )
+
+    async def _close(self) -> None:
+        self._runner.close()
+        for pool in (self._pools.async_pool, self._db.pool):
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.close(timeout=2)
+        if self._pools.sync_pool is not None:
+            sync_pool = self._pools.sync_pool
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(sync_pool.close, 2)
+
+    # --- the graceful stop ---------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Shutdown: let running tasks finish within the grace period, release the rest."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.grace_period
+        while not self._stop.force:
+            running = self._slots.running.values()
+            jobs = [r.job for r in running if r.job is not None and not r.job.done()]
+            remaining = deadline - loop.time()
+            if not jobs or remaining <= 0:
+                break
+            forced = asyncio.ensure_future(self._stop.forced.wait())
+            await asyncio.wait(
+                [*jobs, forced], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            forced.cancel()
+        await self._release_leftovers()
+        await self._completer.flush(final=True)
+
+    async def _release_leftovers(self) -> None:
+        """Give back the leases of the tasks that did not finish in time, so that they run
+        again elsewhere now rather than when their leases expire."""
+        leftovers = [r for r in self._slots.running.values() if not r.released]
+        if not leftovers:
+            return
+        for r in leftovers:
+            r.released = True
+            r.ctx.stop()
+        leases = [r.task.lease for r in leftovers]
+        released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+        for r in leftovers:
+            event(
+                "task.released",
+                task_id=r.task.id,
+                type=r.task.type,
+                attempt=r.task.attempts,
+                released=r.task.id in released,
+            )
+            if r.job is not None:
+                r.job.cancel()
