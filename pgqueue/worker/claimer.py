@@ -1,7 +1,10 @@
 """The claim loop: as many ready tasks as there are free slots, in one statement.
 
 It wakes on a NOTIFY from an enqueue (through the listener), on a freed slot, or on a jittered
-poll, the fallback that also finds scheduled tasks come due, which nothing announces.
+poll, the fallback that also finds scheduled tasks come due, which nothing announces. Each
+claim walks the claim index from where this worker's claims got to (claim_starts.py), and
+what it claimed is marked started just before the runner starts it, so that an attempt counts
+from the handler's start, not from the claim.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pgqueue.models import ClaimedTask
-from pgqueue.queries import arun, claim_round, limits_probe, task_claim
+from pgqueue.queries import ClaimStarts as Starts
+from pgqueue.queries import arun, claim_round, limits_probe, task_claim, task_start
+from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
 from pgqueue.worker.metrics import WorkerMetrics
@@ -48,6 +53,7 @@ class Claimer:
         self._stop = stop
         self._start = start
         self._limits_checked = -LIMITS_RECHECK_SECONDS
+        self.starts = ClaimStarts(config.poll_interval, config.lease_seconds)
 
     async def run(self) -> None:
         cfg = self._config
@@ -89,11 +95,25 @@ class Claimer:
         return claimed
 
     async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
-        """One claim. Where no limit existed at the last look, the ordinary claim alone, one
-        statement: it leaves limited tasks alone anyway, so a limit set since then is never
-        broken, only its tasks wait until the next look (LIMITS_RECHECK_SECONDS at most).
-        Otherwise a probe first, and only when a limited task may be waiting, the claim that
-        honours the limits, in a transaction of its own (it takes the limits lock)."""
+        """One claim, then the start mark of what it claimed (task_start), so that a worker
+        killed in between gives the attempts back. Where no limit existed at the last look,
+        the ordinary claim alone, one statement: it leaves limited tasks alone anyway, so a
+        limit set since then is never broken, only its tasks wait until the next look
+        (LIMITS_RECHECK_SECONDS at most). Otherwise a probe first, and only when a limited
+        task may be waiting, the claim that honours the limits, in a transaction of its own
+        (it takes the limits lock)."""
+        starts = self.starts.next()
+        began = time.monotonic()
+        claimed = await self._claim_from(conn, want, starts)
+        self.starts.claimed(claimed, starts=starts, seconds=time.monotonic() - began)
+        if not claimed:
+            return claimed
+        # A failure here raises: nothing starts, and the leases, never marked, expire into
+        # the queue without costing an attempt.
+        held = await arun(conn, task_start([t.lease for t in claimed]))
+        return [t for t in claimed if t.id in held]
+
+    async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         cfg = self._config
         queues, owner, lease = cfg.queues, cfg.worker_id, cfg.lease_seconds
         now = time.monotonic()
@@ -102,13 +122,25 @@ class Claimer:
             self._slots.limited, self._limits_checked = probe.limited, now
             if probe.waiting:
                 op = claim_round(
-                    queues=queues, limit=want, owner=owner, lease_seconds=lease, probed=probe
+                    queues=queues,
+                    limit=want,
+                    owner=owner,
+                    lease_seconds=lease,
+                    probed=probe,
+                    starts=starts,
+                    started=False,
                 )
                 claimed, _ = await arun(conn, op, atomic=True)
                 return claimed
-        return await arun(
-            conn, task_claim(queues=queues, limit=want, owner=owner, lease_seconds=lease)
+        op_ = task_claim(
+            queues=queues,
+            limit=want,
+            owner=owner,
+            lease_seconds=lease,
+            starts=starts,
+            started=False,
         )
+        return await arun(conn, op_)
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -356,7 +356,7 @@ class _QueueDepth:
         self.errors = 0  # reads that failed (read and written under the lock)
         self._lock = threading.Lock()  # scrapes may come concurrently
         self._conn: psycopg.Connection[Any] | None = None
-        self._read_at = -QUEUE_DEPTH_MAX_AGE
+        self._read_at: float | None = None  # never read yet: the first scrape reads
         self._rows: dict[tuple[str, str], tuple[int, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
@@ -389,7 +389,7 @@ class _QueueDepth:
     def _read(self) -> tuple[dict[tuple[str, str], tuple[int, float]] | None, int]:
         with self._lock:
             now = time.monotonic()
-            if now - self._read_at < QUEUE_DEPTH_MAX_AGE:
+            if self._read_at is not None and now - self._read_at < QUEUE_DEPTH_MAX_AGE:
                 return self._rows, self.errors
             self._read_at = now
             try:

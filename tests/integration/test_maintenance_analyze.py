@@ -27,7 +27,10 @@ def claim_plan(conn) -> str:
     """The plan a worker gets: its statements are prepared, and PostgreSQL soon settles on a
     generic plan for them, chosen from the statistics alone."""
     sql = queries.statements()["task_claim"]
-    params = {"now": None, "queues": ["default"], "limit": 100, "owner": "w", "lease_seconds": 30}
+    # The worker's claim, its parameters as queries.task_claim builds them.
+    query = next(queries.task_claim(queues=["default"], limit=100, owner="w", lease_seconds=30))
+    assert isinstance(query, queries.Query)
+    params = query.params
     conn.execute("BEGIN")
     try:
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
