@@ -115,32 +115,22 @@ class Claimer:
 
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         cfg = self._config
-        queues, owner, lease = cfg.queues, cfg.worker_id, cfg.lease_seconds
+        args: dict[str, Any] = {
+            "queues": cfg.queues,
+            "limit": want,
+            "owner": cfg.worker_id,
+            "lease_seconds": cfg.lease_seconds,
+            "starts": starts,
+            "started": False,
+        }
         now = time.monotonic()
         if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
-            probe = await arun(conn, limits_probe(queues))
+            probe = await arun(conn, limits_probe(cfg.queues))
             self._slots.limited, self._limits_checked = probe.limited, now
             if probe.waiting:
-                op = claim_round(
-                    queues=queues,
-                    limit=want,
-                    owner=owner,
-                    lease_seconds=lease,
-                    probed=probe,
-                    starts=starts,
-                    started=False,
-                )
-                claimed, _ = await arun(conn, op, atomic=True)
+                claimed, _ = await arun(conn, claim_round(**args, probed=probe), atomic=True)
                 return claimed
-        op_ = task_claim(
-            queues=queues,
-            limit=want,
-            owner=owner,
-            lease_seconds=lease,
-            starts=starts,
-            started=False,
-        )
-        return await arun(conn, op_)
+        return await arun(conn, task_claim(**args))
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
