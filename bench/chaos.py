@@ -3,6 +3,7 @@ brings are injected on a seeded schedule, and then every task is accounted for.
 
     python -m bench.chaos                      # the full run: 20,000 tasks, every scenario
     python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, ~1 min
+    python -m bench.chaos --scenarios pinned_xid,pinned_readers --tasks 3000
     python -m bench.chaos --seed 7 --scenarios kill9,sigstop --tasks 5000
 
 It starts a private PostgreSQL server of its own (never the machine's shared one: it restarts
@@ -24,7 +25,19 @@ while the scenario's faults are injected:
                           kills it on every attempt (poison: must end dead-lettered)
 ``sigstop``               SIGSTOP of a worker for 2.5 leases, then SIGCONT: its late
                           completions must be fenced off, not overwrite the new holder's
+``pinned_xid``            issue 19: a session runs ``BEGIN; SELECT txid_current();`` and
+                          stays idle in its transaction (a forgotten transaction holding an
+                          XID), so vacuum cannot clean pgqueue.tasks while it is open
+``pinned_readers``        issue 19: 2 sessions, each in one REPEATABLE READ transaction,
+                          loop ``SELECT count(*) FROM pgqueue.tasks`` (0.5 s between counts:
+                          a report)
 ========================  =================================================================
+
+A pinned scenario's pressure opens at 20 % of its producer window and ends at 80 % (where
+the other scenarios' faults fall). It runs on the driver's own connections (never terminated
+by a fault) to the chaos database itself: a snapshot held in another database would not hold
+back pgqueue.tasks' vacuum. Its producer spreads the tasks over at least 6 s (fewer per second
+than ``--rate`` if need be, as in the smoke), so that tasks keep arriving all through it.
 
 Every scenario also carries ~1 % poison tasks that always raise. The handlers
 (``bench/chaos_handlers.py``) record every execution in a commit of its own, and half the
@@ -36,14 +49,24 @@ beyond the first and whether each is explained by a lost lease (each on a lease 
 more executions than claims), transactional effects that are not exactly one per completed
 task (0), late outcomes fenced (from the workers' logs), and the seconds from the last fault
 until every task accepted before it had finished. Any violation fails the run (exit 1).
+
+Reported with each scenario, not checked: the oldest snapshot seen while it ran (sampled every
+second from pg_stat_activity of the chaos database: the oldest ``backend_xmin`` or
+``backend_xid`` of a client backend, aged in seconds since the xid counter passed it, from the
+samples' own history of ``pg_current_snapshot()``; ``now() - xact_start`` would overstate a
+READ COMMITTED transaction that idled before its latest statement), and its tasks' pickup
+latency (first execution's start in ``chaos.executions`` less the task's ``created_at``;
+p50, p99 and max), which such a snapshot is what slows down.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import shutil
@@ -76,7 +99,13 @@ SCENARIOS = (
     "hang",
     "suicide",
     "sigstop",
+    "pinned_xid",
+    "pinned_readers",
 )
+PINNED = frozenset({"pinned_xid", "pinned_readers"})
+PINNED_READERS = 2  # REPEATABLE READ sessions of pinned_readers
+READER_PAUSE = 0.5  # seconds between one reader's counts
+PINNED_MIN_WINDOW = 6.0  # seconds: a pinned scenario's producer runs at least this long
 POISON_TYPES = frozenset({"chaos.poison", "chaos.suicide_always"})
 QUEUE = "chaos"
 DRIVER = "chaos-driver"  # application_name of our own connections: never terminated by us
@@ -251,6 +280,260 @@ def retrying(url: str, fn: Callable[[psycopg.Connection[Any]], Any], timeout: fl
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+# --- old snapshots: the pinned scenarios' pressure, and the sampler of every scenario -------
+
+
+class Pin:
+    """What holds an old snapshot open in the chaos database (issue 19), from ``hold()``'s
+    start to its end. ``pinned_xid``: one session that ran ``BEGIN; SELECT txid_current();``
+    and went idle in its transaction (a forgotten transaction: it holds an XID).
+    ``pinned_readers``: PINNED_READERS sessions, each in one REPEATABLE READ transaction that
+    loops ``SELECT count(*) FROM pgqueue.tasks`` with READER_PAUSE seconds between counts (a
+    report). Its connections are the driver's (``DRIVER``): no fault of the run touches them.
+    ``report()``'s ``held_s`` is how long its transactions were open, by their own clock."""
+
+    def __init__(self, url: str, scenario: str) -> None:
+        self.url = url
+        self.scenario = scenario
+        self.conns: list[psycopg.Connection[Any]] = []
+        self.threads: list[threading.Thread] = []
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+        self.held: list[float] = []  # seconds each transaction was open, read before COMMIT
+        self.counts = 0
+        self.xid: int | None = None
+
+    def _error(self, exc: BaseException) -> None:
+        with self.lock:
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    def _commit(self, conn: psycopg.Connection[Any]) -> None:
+        held = scalar(conn, "SELECT extract(epoch FROM clock_timestamp() - now())::float8")
+        conn.execute("COMMIT")
+        with self.lock:
+            self.held.append(float(held))
+
+    def _read(self, conn: psycopg.Connection[Any], ready: threading.Barrier) -> None:
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            first = True
+            while True:
+                conn.execute("SELECT count(*) FROM pgqueue.tasks").fetchone()
+                with self.lock:
+                    self.counts += 1
+                if first:
+                    first = False
+                    ready.wait()
+                if self.stop_event.wait(READER_PAUSE):
+                    break
+            self._commit(conn)
+        except (psycopg.Error, threading.BrokenBarrierError) as exc:
+            self._error(exc)
+
+    def open(self) -> None:
+        try:
+            if self.scenario == "pinned_xid":
+                conn = connect(self.url)
+                self.conns.append(conn)
+                conn.execute("BEGIN")
+                self.xid = int(scalar(conn, "SELECT txid_current()"))
+                return
+            ready = threading.Barrier(PINNED_READERS + 1, timeout=30)
+            for _ in range(PINNED_READERS):
+                conn = connect(self.url)
+                self.conns.append(conn)
+                thread = threading.Thread(target=self._read, args=(conn, ready), daemon=True)
+                thread.start()
+                self.threads.append(thread)
+            ready.wait()  # every reader holds its snapshot
+        except (psycopg.Error, threading.BrokenBarrierError) as exc:
+            self._error(exc)
+
+    def close(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(60)
+            if thread.is_alive():
+                self._error(RuntimeError("a reader did not stop within 60 s"))
+        if self.scenario == "pinned_xid" and self.conns:
+            try:
+                self._commit(self.conns[0])
+            except psycopg.Error as exc:
+                self._error(exc)
+        for conn in self.conns:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
+
+    def hold(self, window: float, sampler: SnapshotSampler | None = None) -> Fault:
+        """Opens the pressure at 20 % of the producer's ``window`` and ends it at 80 %, with
+        a last sample of ``sampler`` just before."""
+        t0 = time.monotonic()
+        time.sleep(0.2 * window)
+        at = time.time()
+        try:
+            self.open()
+            time.sleep(max(0.0, t0 + 0.8 * window - time.monotonic()))
+            if sampler is not None:
+                sampler.sample_now()
+        finally:
+            self.close()
+        held = f"held {max(self.held):.1f} s" if self.held else "not held"
+        if self.scenario == "pinned_xid":
+            return Fault("idle in transaction", at, f"xid {self.xid}, {held}")
+        return Fault(
+            "REPEATABLE READ readers",
+            at,
+            f"{PINNED_READERS} sessions, {self.counts} counts, {held}",
+        )
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "held_s": round(max(self.held), 2) if self.held else None,
+            "xid": self.xid,
+            "counts": self.counts,
+            "errors": self.errors[:5],
+        }
+
+
+SNAPSHOT_QUERY = """
+SELECT extract(epoch FROM clock_timestamp())::float8,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+       h.horizon, h.xact_s, h.holder,
+       (SELECT max(extract(epoch FROM clock_timestamp() - xact_start))::float8
+          FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND backend_type = 'client backend'
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL))
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+       SELECT (CASE WHEN backend_xmin IS NULL OR age(backend_xid) >= age(backend_xmin)
+                    THEN backend_xid ELSE backend_xmin END)::text::bigint AS horizon,
+              extract(epoch FROM clock_timestamp() - xact_start)::float8 AS xact_s,
+              coalesce(application_name, '') || ' (' || coalesce(state, '') || '): '
+              || left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 60) AS holder
+         FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND backend_type = 'client backend'
+          AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+        -- Every snapshot taken meanwhile has the holder's xid as its xmin too: of those
+        -- tied, the one whose transaction began first is the holder.
+        ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC, xact_start
+        LIMIT 1) AS h ON true
+"""
+
+
+class SnapshotSampler(threading.Thread):
+    """Every second, the oldest cleanup horizon a client backend of the chaos database holds
+    (its ``backend_xmin`` or ``backend_xid``, whichever is older, and who holds it), aged in
+    seconds. The age is the holder's ``now() - xact_start``, kept within what the samples'
+    history of the xid counter (``pg_current_snapshot()``'s xmax) allows: the horizon came
+    into being after the last sample the counter had not passed it yet and before the first
+    one it had. That is exact for a transaction that took its snapshot or XID first thing
+    (both pressures), and overstates a READ COMMITTED transaction that idled before its latest
+    statement by at most the sampling interval. Survives restarts (a failed sample is
+    skipped); ``sample_now()`` takes one at once (a pressure's last, just before its end)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.samples: list[dict[str, Any]] = []
+        self._next_xids: list[int] = []  # the samples' xmax, in order (never decreases)
+        self._halt = threading.Event()
+        self._wake = threading.Event()
+        self._begun = 0  # samples begun: each sample records its number
+
+    def run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        while not self._halt.is_set():
+            began = time.monotonic()
+            self._begun += 1
+            seq = self._begun
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.url)
+                row = conn.execute(SNAPSHOT_QUERY).fetchone()
+                assert row is not None
+                self._add(seq, time.time(), *row)
+            except psycopg.Error:
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self._wake.wait(max(0.0, 1.0 - (time.monotonic() - began)))
+            self._wake.clear()
+        if conn is not None:
+            conn.close()
+
+    def sample_now(self, timeout: float = 2.0) -> None:
+        """Until a sample begun after this call is taken (or ``timeout``)."""
+        if not self.is_alive():
+            return
+        begun = self._begun
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (
+            self.samples and self.samples[-1]["seq"] > begun
+        ):
+            time.sleep(0.01)
+
+    def _add(
+        self,
+        seq: int,
+        at: float,
+        db: float,
+        xmax: int,
+        horizon: int | None,
+        holder_xact: float | None,
+        holder: str | None,
+        xact: float | None,
+    ) -> None:
+        age_s, xids = 0.0, 0
+        if horizon is not None:
+            # The 32-bit xid in the epoch nearest xmax (a running xid may be at or past it).
+            horizon += xmax & ~0xFFFFFFFF
+            if horizon - xmax > 1 << 31:
+                horizon -= 1 << 32
+            elif xmax - horizon > 1 << 31:
+                horizon += 1 << 32
+            xids = max(0, xmax - horizon)
+            k = bisect.bisect_right(self._next_xids, horizon)  # the first sample past it
+            lower = db - self.samples[k]["db"] if k < len(self.samples) else 0.0
+            upper = db - self.samples[k - 1]["db"] if k > 0 else float("inf")
+            age_s = max(0.0, lower, min(upper, holder_xact or 0.0))
+        self.samples.append(
+            {
+                "seq": seq,
+                "at": at,
+                "db": db,
+                "xmax": xmax,
+                "snapshot_s": age_s,
+                "xids": xids,
+                "xact_s": xact or 0.0,
+                "holder": holder,
+            }
+        )
+        self._next_xids.append(xmax)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._wake.set()
+        self.join(10)
+
+    def during(self, lo: float, hi: float) -> dict[str, Any]:
+        """The oldest snapshot seen between epoch seconds ``lo`` and ``hi``."""
+        xs = [x for x in list(self.samples) if lo <= x["at"] <= hi]
+        worst = max(xs, key=lambda x: x["snapshot_s"], default=None)
+        return {
+            "oldest_snapshot_s": None if worst is None else round(worst["snapshot_s"], 1),
+            "oldest_snapshot_xids": max((x["xids"] for x in xs), default=None),
+            "oldest_xact_s": round(max((x["xact_s"] for x in xs), default=0.0), 1),
+            "oldest_snapshot_holder": (
+                worst["holder"] if worst is not None and worst["snapshot_s"] >= 1.0 else None
+            ),
+            "snapshot_samples": len(xs),
+        }
 
 
 # --- one scenario ----------------------------------------------------------------------------
@@ -495,6 +778,10 @@ def verify(
     )
     tx_done = [r for r in tasks if r[4] == "tx" and r[2] == "completed"]
     effects_bad = sum(1 for r in tx_done if effects.get(r[0], 0) != 1)
+    # Pickup: from the task's creation to the start of its first execution (database clock).
+    pickups = [
+        min(float(x[3]) for x in runs_of[r[0]]) - float(r[6]) for r in tasks if r[0] in runs_of
+    ]
 
     # Handler faults began when their first attempt started (from the executions table).
     all_faults = list(faults)
@@ -548,7 +835,23 @@ def verify(
         "tx_effects_not_once": effects_bad,
         "recovered_s": recovered_s,
         "slowest_to_recover": slowest,
+        "pickup_p50_s": rounded(quantile(pickups, 0.5), 3),
+        "pickup_p99_s": rounded(quantile(pickups, 0.99), 3),
+        "pickup_max_s": rounded(max(pickups, default=None), 3),
+        "_pickups": pickups,
     }
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The nearest-rank ``q`` quantile (None of nothing)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def failures(row: dict[str, Any]) -> list[str]:
@@ -562,6 +865,7 @@ def failures(row: dict[str, Any]) -> list[str]:
         "re-runs not explained by a failure or a lost lease": row["unexplained"],
         "two executions on one lease": row["double_leases"],
         "transactional effects not exactly once": row["tx_effects_not_once"],
+        "snapshot pressure not held as planned": len(row.get("pressure", {}).get("errors", [])),
     }
     return [f"{name}: {count}" for name, count in checks.items() if count]
 
@@ -638,34 +942,51 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         log(f"private PostgreSQL {version} on port {server.port}; {settings.workers} workers")
         fleet = Fleet(url, settings, log_dir)
         fleet.start()
+        sampler = SnapshotSampler(url)
         try:
             fleet.wait_ready()
+            sampler.start()
             per = settings.tasks // len(settings.scenarios)
             for k, scenario in enumerate(settings.scenarios):
                 rng = random.Random(f"{settings.seed}:{scenario}")
                 n = per + (settings.tasks - per * len(settings.scenarios) if k == 0 else 0)
                 tasks = plan(scenario, n, settings, rng)
-                window = len(tasks) / settings.rate
+                rate = settings.rate
+                if scenario in PINNED:  # tasks must keep arriving for the whole pressure
+                    rate = min(rate, len(tasks) / PINNED_MIN_WINDOW)
+                window = len(tasks) / rate
                 log(f"{scenario}: {len(tasks)} tasks over {window:.1f} s")
                 began = time.time()
-                producer = Producer(url, tasks, settings.rate)
+                producer = Producer(url, tasks, rate)
                 producer.start()
-                faults = inject(scenario, settings, server, fleet, url, window, rng)
+                pin = Pin(url, scenario) if scenario in PINNED else None
+                if pin is not None:
+                    faults = [pin.hold(window, sampler)]
+                else:
+                    faults = inject(scenario, settings, server, fleet, url, window, rng)
                 producer.join()
                 done = wait_finished(url, f"chaos:{scenario}:", settings.settle_timeout)
+                ended = time.time()
                 row = verify(url, scenario, producer, faults, settings)
                 row["finished_in_time"] = done
                 row["seconds"] = round(time.time() - began, 1)
+                row["rate"] = round(rate, 1)
+                row.update(sampler.during(began, ended))
+                if pin is not None:
+                    row["pressure"] = pin.report()
                 rows.append(row)
                 log(
                     f"{scenario}: {row['completed']} completed, {row['dead_lettered']} dead, "
                     f"{row['lost'] + row['unfinished']} lost, {row['stuck']} stuck, "
-                    f"{row['extra_executions']} re-runs"
+                    f"{row['extra_executions']} re-runs; oldest snapshot "
+                    f"{row['oldest_snapshot_s']} s, pickup p99 {row['pickup_p99_s']} s"
                 )
         finally:
+            sampler.stop()
             fleet.stop()
         events = log_events(log_dir)
         deaths = list(fleet.deaths)
+    pickups = [x for row in rows for x in row.pop("_pickups")]
     for row in rows:
         ids = row.pop("_ids")
         # Distinct attempts: the heartbeat that finds a lease gone and the dropped outcome
@@ -693,6 +1014,11 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         "worker_exit_codes": sorted({code for _, _, code in deaths}),
         "worker_log_events": dict(sorted(counts.items())),
         "scenarios": rows,
+        "oldest_snapshot_s": max(
+            (r["oldest_snapshot_s"] for r in rows if r["oldest_snapshot_s"] is not None),
+            default=None,
+        ),
+        "pickup_p99_s": rounded(quantile(pickups, 0.99), 3),
         "unparsed_log_lines": unparsed,
         "passed": not any(row["violations"] for row in rows),
     }
@@ -711,6 +1037,8 @@ TABLE_HEADERS = (
     "tx effects ≠ 1",
     "late outcomes fenced",
     "recovered (s)",
+    "oldest snapshot (s)",
+    "pickup p99 (s)",
 )
 SUMMED = (
     "fault_count",
@@ -730,6 +1058,10 @@ SUMMED = (
 )
 
 
+def _seconds(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
 def _cells(row: dict[str, Any]) -> list[Any]:
     recovered = row.get("recovered_s")
     return [
@@ -745,6 +1077,8 @@ def _cells(row: dict[str, Any]) -> list[Any]:
         row["tx_effects_not_once"],
         row["late_outcomes_fenced"],
         "" if recovered is None else f"{recovered:.1f}",
+        _seconds(row.get("oldest_snapshot_s")),
+        _seconds(row.get("pickup_p99_s"), 2),
     ]
 
 
@@ -756,6 +1090,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(str(c) for c in [row["scenario"], *_cells(row)]) + " |")
     total: dict[str, Any] = {key: sum(row[key] for row in rows) for key in SUMMED}
     total["double_leases"] = sum(row["double_leases"] for row in rows)
+    total["oldest_snapshot_s"] = result.get("oldest_snapshot_s")
+    total["pickup_p99_s"] = result.get("pickup_p99_s")
     lines.append("| **all** | " + " | ".join(str(c) for c in _cells(total)) + " |")
     return "\n".join(lines)
 
@@ -784,6 +1120,11 @@ def write_results(result: dict[str, Any], settings: Settings) -> None:
         "```",
         "",
         table(result),
+        "",
+        "Oldest snapshot (s): the oldest cleanup horizon (`backend_xmin` or `backend_xid`) a"
+        " client backend of the chaos database held while the scenario ran, sampled every"
+        " second. Pickup p99 (s): of the scenario's tasks, from `created_at` to the start of"
+        " their first execution. Both are reported, not checked.",
         "",
         f"Verdict: **{'PASS' if result['passed'] else 'FAIL'}** in {result['seconds']} s;"
         f" {result['worker_deaths']} worker processes died (killed or killed themselves)"
