@@ -318,10 +318,14 @@ SELECT * FROM claimed;
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
 locked AS MATERIALIZED (
-    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
-     WHERE t.status = 'running'
-     ORDER BY t.id
-       FOR UPDATE OF t
+    SELECT t.id
+      FROM (SELECT id, token FROM v ORDER BY id) AS w
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            LIMIT 1
+              FOR UPDATE
+           ) AS t
 )
 UPDATE pgqueue.tasks AS t
    SET started_at = clock.now
@@ -331,23 +335,30 @@ RETURNING t.id;
 
 -- name: task_complete
 -- Record results for many tasks at once, each only where the caller still holds the lease.
--- Every statement that writes many leased rows (this one, task_heartbeat, task_release)
--- locks them first in id order: two of them over the same rows, each locking in its own
--- order, would deadlock (a worker's heartbeat and its completions did).
+-- Every statement that writes many leased rows (this one, task_start, task_heartbeat,
+-- task_release) locks them first in id order: two of them over the same rows, each locking
+-- in its own order, would deadlock (a worker's heartbeat and its completions did). Each row
+-- is looked up by its id alone (LIMIT 1 keeps the lookup from being flattened into a join):
+-- joined, the planner may read the whole running-tasks index instead, which while an old
+-- snapshot is open holds an entry for every task finished since (seconds per statement).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::text[])
                  AS v(id, token, result)),
 locked AS MATERIALIZED (
-    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
-     WHERE t.status = 'running'
-     ORDER BY t.id
-       FOR UPDATE OF t
+    SELECT t.id
+      FROM (SELECT id, token FROM v ORDER BY id) AS w
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            LIMIT 1
+              FOR UPDATE
+           ) AS t
 )
 UPDATE pgqueue.tasks AS t
    SET status = 'completed', result = v.result::jsonb, finished_at = clock.now,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
- WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
+ WHERE t.id = locked.id AND v.id = locked.id
 RETURNING t.id;
 
 -- name: task_fail
@@ -404,15 +415,19 @@ RETURNING t.id;
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
 locked AS MATERIALIZED (
-    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
-     WHERE t.status = 'running'
-     ORDER BY t.id
-       FOR UPDATE OF t
+    SELECT t.id
+      FROM (SELECT id, token FROM v ORDER BY id) AS w
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            LIMIT 1
+              FOR UPDATE
+           ) AS t
 )
 UPDATE pgqueue.tasks AS t
    SET lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second'
   FROM clock, locked, v
- WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
+ WHERE t.id = locked.id AND v.id = locked.id
 RETURNING t.id, t.cancel_requested, t.lease_expires_at;
 
 -- name: task_release
@@ -422,10 +437,14 @@ RETURNING t.id, t.cancel_requested, t.lease_expires_at;
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
 locked AS MATERIALIZED (
-    SELECT t.id FROM pgqueue.tasks AS t JOIN v ON t.id = v.id AND t.lease_token = v.token
-     WHERE t.status = 'running'
-     ORDER BY t.id
-       FOR UPDATE OF t
+    SELECT t.id
+      FROM (SELECT id, token FROM v ORDER BY id) AS w
+     CROSS JOIN LATERAL (
+           SELECT id FROM pgqueue.tasks
+            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            LIMIT 1
+              FOR UPDATE
+           ) AS t
 )
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
@@ -433,7 +452,7 @@ UPDATE pgqueue.tasks AS t
        attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
- WHERE t.id = locked.id AND v.id = t.id AND t.lease_token = v.token AND t.status = 'running'
+ WHERE t.id = locked.id AND v.id = locked.id
 RETURNING t.id, t.queue, t.status;
 
 -- name: task_sweep_expired

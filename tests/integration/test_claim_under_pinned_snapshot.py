@@ -82,3 +82,40 @@ def test_claims_cost_the_same_after_30000_tasks_while_a_snapshot_is_pinned(
     assert from_start_last > 10 * max(from_start_first, 10), (from_start_first, from_start_last)
     # ... and the worker's walk has not.
     assert last <= 1.5 * first, (first, last)
+
+
+def test_writes_by_lease_look_each_row_up_by_id_while_a_snapshot_is_pinned(
+    conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    # With fresh statistics the table has a handful of running tasks, so a join would read
+    # the running-tasks index whole: here 20,000 entries of tasks finished under the pin.
+    pgqueue.enqueue_many(conn, [{"type": "job"} for _ in range(20_000 + BATCH)])
+    pin = connect(autocommit=False)
+    pin.execute("SELECT txid_current()")
+    for _ in range(20_000 // BATCH):
+        claimed = pgqueue.claim(conn, ["default"], limit=BATCH, worker_id="w")
+        pgqueue.complete_many(conn, [(t.lease, None) for t in claimed])
+    leases = [t.lease for t in pgqueue.claim(conn, ["default"], limit=BATCH, worker_id="w")]
+    conn.execute("ANALYZE pgqueue.tasks")
+
+    writes = {
+        "task_start": queries.task_start(leases),
+        "task_heartbeat": queries.task_heartbeat(leases, 30),
+        "task_complete": queries.task_complete_many([(lease, None) for lease in leases]),
+        "task_release": queries.task_release(leases),
+    }
+    for name, op in writes.items():
+        query = next(op)
+        assert isinstance(query, queries.Query) and query.name == name
+        with conn.transaction(force_rollback=True):
+            rows = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.statements()[name],
+                query.params,
+            ).fetchone()
+        assert rows is not None
+        plan = (rows[0] if not isinstance(rows[0], str) else json.loads(rows[0]))[0]["Plan"]
+        used = {n.get("Index Name") for n in nodes(plan)} - {None}
+        assert used == {"tasks_pkey"}, (name, used)
+        touched = int(plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0))
+        assert touched < 40 * BATCH, (name, touched)  # a few dozen per row, not the index
+    pin.rollback()
