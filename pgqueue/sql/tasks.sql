@@ -322,7 +322,7 @@ locked AS MATERIALIZED (
       FROM (SELECT id, token FROM v ORDER BY id) AS w
      CROSS JOIN LATERAL (
            SELECT id FROM pgqueue.tasks
-            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            WHERE id = w.id AND lease_token = w.token  -- a token is only ever on a running task
             LIMIT 1
               FOR UPDATE
            ) AS t
@@ -338,9 +338,11 @@ RETURNING t.id;
 -- Every statement that writes many leased rows (this one, task_start, task_heartbeat,
 -- task_release) locks them first in id order: two of them over the same rows, each locking
 -- in its own order, would deadlock (a worker's heartbeat and its completions did). Each row
--- is looked up by its id alone (LIMIT 1 keeps the lookup from being flattened into a join):
--- joined, the planner may read the whole running-tasks index instead, which while an old
--- snapshot is open holds an entry for every task finished since (seconds per statement).
+-- is looked up by its id alone, in a lateral that LIMIT 1 keeps from being flattened into a
+-- join, and without naming its status (tasks_lease_check makes a token imply 'running'):
+-- otherwise the planner may read the running-tasks index (status = 'running'), which it
+-- believes tiny and which, while an old snapshot is open, holds an entry for every task
+-- finished since (a second per statement).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(results)s::text[])
                  AS v(id, token, result)),
@@ -349,7 +351,7 @@ locked AS MATERIALIZED (
       FROM (SELECT id, token FROM v ORDER BY id) AS w
      CROSS JOIN LATERAL (
            SELECT id FROM pgqueue.tasks
-            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            WHERE id = w.id AND lease_token = w.token  -- a token is only ever on a running task
             LIMIT 1
               FOR UPDATE
            ) AS t
@@ -419,7 +421,7 @@ locked AS MATERIALIZED (
       FROM (SELECT id, token FROM v ORDER BY id) AS w
      CROSS JOIN LATERAL (
            SELECT id FROM pgqueue.tasks
-            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            WHERE id = w.id AND lease_token = w.token  -- a token is only ever on a running task
             LIMIT 1
               FOR UPDATE
            ) AS t
@@ -441,7 +443,7 @@ locked AS MATERIALIZED (
       FROM (SELECT id, token FROM v ORDER BY id) AS w
      CROSS JOIN LATERAL (
            SELECT id FROM pgqueue.tasks
-            WHERE id = w.id AND lease_token = w.token AND status = 'running'
+            WHERE id = w.id AND lease_token = w.token  -- a token is only ever on a running task
             LIMIT 1
               FOR UPDATE
            ) AS t
