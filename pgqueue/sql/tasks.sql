@@ -314,8 +314,12 @@ SELECT * FROM claimed;
 -- the attempt. Written, and awaited, before any handler starts, so a task that kills its
 -- worker every time is counted every time; a claim that never got this far (the worker was
 -- killed in between) gives its attempt back when swept. Rows locked in id order first, as
--- task_complete says why.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- task_complete says why. Committed without waiting for the WAL flush (synchronous_commit
+-- off for this transaction only): the mark must outlive its worker, which it does once
+-- committed, not a crash of the server, which takes every lease back anyway; waiting for the
+-- flush cost every task a second durable commit before its handler could start.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                      set_config('synchronous_commit', 'off', true) AS async_commit),
 v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
 locked AS MATERIALIZED (
     SELECT t.id
