@@ -250,8 +250,8 @@ def _supervise(registry: str, processes: int, options: WorkerOptions, url: str) 
 
 def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
     """One worker, in this process, until it is told to stop."""
-    from pgqueue.worker.maintenance import MaintenanceConfig
     from pgqueue.worker import Worker, WorkerConfig
+    from pgqueue.worker.maintenance import MaintenanceConfig
 
     config = WorkerConfig(
         queues=options.queues,
