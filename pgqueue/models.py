@@ -295,6 +295,10 @@ class OldestSnapshot:
     seconds: float | None
     xid_age: int
 
+    def warns(self, after_seconds: float) -> bool:
+        """Open at least ``after_seconds`` (only a known age can warn)."""
+        return self.seconds is not None and self.seconds >= after_seconds
+
 
 @dataclasses.dataclass(frozen=True)
 class QueueStats:

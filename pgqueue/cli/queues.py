@@ -82,14 +82,10 @@ def stats(
             "window_seconds": window,
             "paused_queues": paused,
             "oldest_snapshot": None if held is None else dataclasses.asdict(held),
-            "oldest_snapshot_warning": _snapshot_warns(held, warn),
+            "oldest_snapshot_warning": held is not None and held.warns(warn),
         },
         "\n".join(parts),
     )
-
-
-def _snapshot_warns(held: OldestSnapshot | None, warn: float) -> bool:
-    return held is not None and held.seconds is not None and held.seconds >= warn
 
 
 def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
@@ -100,7 +96,7 @@ def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
         f"oldest snapshot holding back cleanup: {how_long}, {held.xid_age} transactions, "
         f"{held.kind} {held.holder}" + (f", {held.state}" if held.state else "")
     )
-    if _snapshot_warns(held, warn):
+    if held.warns(warn):
         line += (
             f"\nWARNING: over {age(warn)}: vacuum cannot clean pgqueue.tasks until it ends "
             "(README: When the database holds an old snapshot)"

@@ -48,9 +48,7 @@ async def stats(
         window_seconds=window_seconds,
         paused_queues=sorted(q.name for q in queues if q.paused),
         oldest_snapshot=None if held is None else OldestSnapshotOut(**dataclasses.asdict(held)),
-        oldest_snapshot_warning=held is not None
-        and held.seconds is not None
-        and held.seconds >= warn,
+        oldest_snapshot_warning=held is not None and held.warns(warn),
         oldest_snapshot_warn_seconds=warn,
     )
 
