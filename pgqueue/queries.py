@@ -509,13 +509,13 @@ def task_claim(
     lease_seconds: float,
     now: datetime | None = None,
     starts: ClaimStarts | None = None,
-    started: bool = True,
 ) -> Op[list[ClaimedTask]]:
     """The ordinary claim: tasks no limit covers (see claim_round for the rest).
 
     One walk of the claim index per queue and priority, each from the start of its range or,
-    for the pairs in ``starts``, after the (created_at, id) given there. ``started=False``
-    leaves the attempt uncounted, should the lease be lost, until :func:`task_start`."""
+    for the pairs in ``starts``, after the (created_at, id) given there. Should the lease be
+    lost, the attempt counts only once the owner has marked its claims started
+    (:func:`lease_starts_mark`)."""
     starts = starts or {}
     params: dict[str, Any] = {"queues": list(queues)}
     for level in Priority:
@@ -531,7 +531,6 @@ def task_claim(
             "owner": owner,
             "lease_seconds": lease_seconds,
             "now": now,
-            "started": started,
         },
     )
     return _claimed(rows)
@@ -556,7 +555,6 @@ def claim_round(
     now: datetime | None = None,
     probed: LimitsProbe | None = None,
     starts: ClaimStarts | None = None,
-    started: bool = True,
 ) -> Op[tuple[list[ClaimedTask], bool]]:
     """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
     whether any limit exists. Run it atomic: the limits lock lasts until commit. ``probed``:
@@ -564,6 +562,9 @@ def claim_round(
 
     Limited tasks go first: they are rationed, so they take few of the slots, and claiming
     them after the ordinary ones would starve them whenever ordinary work fills every batch.
+    A caller that starts what it claims at once (pgqueue.claim) writes no start mark, so a
+    lost lease of its always counts; a worker marks its claims itself, just before its
+    handlers (lease_starts_mark).
     """
     params = {"queues": list(queues), "owner": owner, "lease_seconds": lease_seconds, "now": now}
     probe = probed or (yield from limits_probe(queues))
@@ -572,20 +573,17 @@ def claim_round(
         lock = yield Query("limits_try_lock", {})
         if lock[0]["locked"]:
             limited = yield Query("task_claim_limited", {**params, "limit": limit})
-            if limited and started:
-                yield from task_start([Lease(r["id"], r["lease_token"]) for r in limited], now)
+    claimed = _claimed(limited)
     if len(limited) < limit:
-        ordinary = task_claim(
+        claimed += yield from task_claim(
             queues=queues,
             limit=limit - len(limited),
             owner=owner,
             lease_seconds=lease_seconds,
             now=now,
             starts=starts,
-            started=started,
         )
-        return _claimed(limited) + (yield from ordinary), probe.limited
-    return _claimed(limited), probe.limited
+    return claimed, probe.limited
 
 
 def _claimed(rows: list[Row]) -> list[ClaimedTask]:
@@ -610,18 +608,17 @@ def _claimed(rows: list[Row]) -> list[ClaimedTask]:
     return tasks
 
 
-def task_start(leases: Sequence[Lease], now: datetime | None = None) -> Op[set[uuid.UUID]]:
-    """Mark claimed tasks as started (their handlers run next); the ids still leased."""
-    rows = yield Query(
-        "task_start",
-        {
-            "ids": [lease.task_id for lease in leases],
-            "tokens": [lease.token for lease in leases],
-            "now": now,
-        },
-        prepare=False,
-    )
-    return {r["id"] for r in rows}
+def lease_starts_mark(owner: str, *, started: bool = True, now: datetime | None = None) -> Op[None]:
+    """Mark everything ``owner`` has claimed so far as started (its handlers run next), or,
+    with ``started=False`` (a worker's start-up), give the owner a mark before its first
+    claim, so that those claims are refundable too."""
+    yield Query("lease_starts_mark", {"owner": owner, "started": started, "now": now})
+
+
+def lease_starts_prune(now: datetime | None = None) -> Op[int]:
+    """Forget the start marks of owners gone for an hour; how many."""
+    rows = yield Query("lease_starts_prune", {"now": now})
+    return len(rows)
 
 
 def task_complete_many(

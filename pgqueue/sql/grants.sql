@@ -38,6 +38,11 @@ GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.schedules TO :"app_role";
 -- API), which an application may do at run time (say, to throttle a struggling downstream).
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.limits TO :"app_role";
 
+-- Start marks per lease owner. INSERT and UPDATE: a worker marks its claims started (an
+-- upsert of its own row). SELECT: the expired-lease sweep. DELETE: maintenance forgets the
+-- marks of stopped workers.
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.lease_starts TO :"app_role";
+
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,

@@ -154,9 +154,9 @@ UPDATE pgqueue.tasks AS t
        lease_owner = %(owner)s,
        lease_token = gen_random_uuid(),
        lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
-       -- Set here for a caller that starts what it claims at once (pgqueue.claim); a worker
-       -- sets it with task_start just before its handlers run.
-       started_at = CASE WHEN %(started)s THEN clock.now END
+       -- The claim's time: the owner's start mark (lease_starts_mark) says whether this
+       -- claim's handlers started, should the lease be lost.
+       started_at = clock.now
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -284,7 +284,7 @@ claimed AS (
            lease_owner = %(owner)s,
            lease_token = gen_random_uuid(),
            lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
-           started_at = NULL  -- set by task_start (claim_round runs it for pgqueue.claim)
+           started_at = clock.now  -- the claim's time, as in task_claim
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -309,38 +309,43 @@ logged AS (
 )
 SELECT * FROM claimed;
 
--- name: task_start
--- A worker's handlers are about to run these claimed tasks: from now on a lost lease counts
--- the attempt. Written, and awaited, before any handler starts, so a task that kills its
--- worker every time is counted every time; a claim that never got this far (the worker was
--- killed in between) gives its attempt back when swept. Rows locked in id order first, as
--- task_complete says why. Committed without waiting for the WAL flush (synchronous_commit
--- off for this transaction only): the mark must outlive its worker, which it does once
--- committed, not a crash of the server, which takes every lease back anyway; waiting for the
--- flush cost every task a second durable commit before its handler could start.
+-- name: lease_starts_mark
+-- A worker is about to start the handlers of everything it has claimed so far: from now on
+-- a lost lease of those claims counts the attempt. A worker writes this after each claim,
+-- and awaits it, before any handler starts, so a task that kills its worker every time is
+-- counted every time; a claim that never got this far (the worker was killed in between) is
+-- later than the mark, and gives its attempt back when swept. One row per owner, whatever
+-- the batch: marking each claimed task instead cost every task a second row write.
+-- started false: the worker's start-up, which makes its first claims refundable (an owner
+-- without a row is counted, see the table). The time is this transaction's, later than
+-- every claim the owner has committed, so the mark covers them and none after it; it only
+-- moves forward. Committed without waiting for the WAL flush (synchronous_commit off for this
+-- transaction only): the mark must outlive its worker, which it does once committed, not a
+-- crash of the server; waiting for the flush cost each claim a second durable commit before
+-- its handlers could start.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-                      set_config('synchronous_commit', 'off', true) AS async_commit),
-v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)),
-locked AS MATERIALIZED (
-    SELECT t.id
-      FROM (SELECT id, token FROM v ORDER BY id) AS w
-     CROSS JOIN LATERAL (
-           SELECT id FROM pgqueue.tasks
-            WHERE id = w.id AND lease_token = w.token  -- a token is only ever on a running task
-            LIMIT 1
-              FOR UPDATE
-           ) AS t
-)
-UPDATE pgqueue.tasks AS t
-   SET started_at = clock.now
-  FROM clock, locked
- WHERE t.id = locked.id
-RETURNING t.id;
+                      set_config('synchronous_commit', 'off', true) AS async_commit)
+INSERT INTO pgqueue.lease_starts AS s (owner, started_through, updated_at)
+SELECT %(owner)s, CASE WHEN %(started)s THEN clock.now ELSE '-infinity' END, clock.now
+  FROM clock
+    ON CONFLICT (owner) DO UPDATE
+   SET started_through = greatest(s.started_through, excluded.started_through),
+       updated_at = excluded.updated_at;
+
+-- name: lease_starts_prune
+-- Forget the marks of owners that hold no lease and have not claimed for an hour (workers
+-- that stopped, one row per process ever started). Forgetting errs on the safe side: a lost
+-- lease whose owner has no mark counts its attempt.
+DELETE FROM pgqueue.lease_starts AS s
+ WHERE s.updated_at < coalesce(%(now)s::timestamptz, now()) - interval '1 hour'
+   AND NOT EXISTS (SELECT 1 FROM pgqueue.tasks AS t
+                    WHERE t.status = 'running' AND t.lease_owner = s.owner)
+RETURNING s.owner;
 
 -- name: task_complete
 -- Record results for many tasks at once, each only where the caller still holds the lease.
--- Every statement that writes many leased rows (this one, task_start, task_heartbeat,
--- task_release) locks them first in id order: two of them over the same rows, each locking
+-- Every statement that writes many leased rows (this one, task_heartbeat, task_release)
+-- locks them first in id order: two of them over the same rows, each locking
 -- in its own order, would deadlock (a worker's heartbeat and its completions did). Each row
 -- is looked up by its id alone, in a lateral that LIMIT 1 keeps from being flattened into a
 -- join, and without naming its status (tasks_lease_check makes a token imply 'running'):
@@ -464,20 +469,28 @@ RETURNING t.id, t.queue, t.status;
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
 -- The lost run counts as an attempt, so a task that kills its worker every time ends in the
--- dead-letter queue instead of looping forever. A claim whose handler never started
--- (started_at unset: see task_start) gives its attempt back and is ready again at once.
+-- dead-letter queue instead of looping forever. A claim whose handler never started (claimed
+-- after its owner's last start mark: see lease_starts_mark) gives its attempt back and is
+-- ready again at once.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
-expired AS (
-    SELECT id, started_at IS NULL AS never_started,
-           CASE WHEN cancel_requested THEN 'cancelled'
-                WHEN started_at IS NULL THEN 'queued'
-                WHEN attempts >= max_attempts THEN 'failed'
-                ELSE 'queued' END AS next_status
+lost AS (
+    SELECT id, cancel_requested, attempts, max_attempts,
+           EXISTS (SELECT 1 FROM pgqueue.lease_starts AS s
+                    WHERE s.owner = tasks.lease_owner
+                      AND s.started_through < tasks.started_at) AS never_started
       FROM pgqueue.tasks, clock
      WHERE status = 'running' AND lease_expires_at < clock.now
      ORDER BY lease_expires_at
      LIMIT %(limit)s
      FOR UPDATE OF tasks SKIP LOCKED
+),
+expired AS (
+    SELECT id, never_started,
+           CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN never_started THEN 'queued'
+                WHEN attempts >= max_attempts THEN 'failed'
+                ELSE 'queued' END AS next_status
+      FROM lost
 )
 UPDATE pgqueue.tasks AS t
    SET status = e.next_status,

@@ -2,9 +2,9 @@
 
 It wakes on a NOTIFY from an enqueue (through the listener), on a freed slot, or on a jittered
 poll, the fallback that also finds scheduled tasks come due, which nothing announces. Each
-claim walks the claim index from where this worker's claims got to (claim_starts.py), and
-what it claimed is marked started just before the runner starts it, so that an attempt counts
-from the handler's start, not from the claim.
+claim walks the claim index from where this worker's claims got to (claim_starts.py), and is
+marked started (one row of the worker's own, lease_starts_mark) just before the runner starts
+what it claimed, so that an attempt counts from the handler's start, not from the claim.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import ClaimStarts as Starts
-from pgqueue.queries import arun, claim_round, limits_probe, task_claim, task_start
+from pgqueue.queries import arun, claim_round, lease_starts_mark, limits_probe, task_claim
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
@@ -53,6 +53,7 @@ class Claimer:
         self._stop = stop
         self._start = start
         self._limits_checked = -LIMITS_RECHECK_SECONDS
+        self._marked = False
         self.starts = ClaimStarts(config.poll_interval, config.lease_seconds)
 
     async def run(self) -> None:
@@ -95,13 +96,19 @@ class Claimer:
         return claimed
 
     async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
-        """One claim, then the start mark of what it claimed (task_start), so that a worker
-        killed in between gives the attempts back. Where no limit existed at the last look,
+        """One claim, then the start mark of what it claimed (lease_starts_mark), so that a
+        worker killed in between gives the attempts back. Where no limit existed at the last look,
         the ordinary claim alone, one statement: it leaves limited tasks alone anyway, so a
         limit set since then is never broken, only its tasks wait until the next look
         (LIMITS_RECHECK_SECONDS at most). Otherwise a probe first, and only when a limited
         task may be waiting, the claim that honours the limits, in a transaction of its own
         (it takes the limits lock)."""
+        if not self._marked:
+            # The worker's row before its first claim (a mark from -infinity): without it, a
+            # worker killed between its first claim and its first mark would count those
+            # attempts (an owner without a row is counted, the safe side).
+            await arun(conn, lease_starts_mark(self._config.worker_id, started=False))
+            self._marked = True
         starts = self.starts.next()
         began = time.monotonic()
         claimed = await self._claim_from(conn, want, starts)
@@ -110,8 +117,8 @@ class Claimer:
             return claimed
         # A failure here raises: nothing starts, and the leases, never marked, expire into
         # the queue without costing an attempt.
-        held = await arun(conn, task_start([t.lease for t in claimed]))
-        return [t for t in claimed if t.id in held]
+        await arun(conn, lease_starts_mark(self._config.worker_id))
+        return claimed
 
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         cfg = self._config
@@ -121,7 +128,6 @@ class Claimer:
             "owner": cfg.worker_id,
             "lease_seconds": cfg.lease_seconds,
             "starts": starts,
-            "started": False,
         }
         now = time.monotonic()
         if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:

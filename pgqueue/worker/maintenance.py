@@ -216,6 +216,8 @@ class Maintenance:
                 out.pruned += n
                 if n < self.config.batch_size:
                     break
+        # Stopped workers' start marks: one small row each, gone an hour after their last claim.
+        await self._locked_batch(conn, queries.lease_starts_prune())
         if out.pruned:
             event("maintenance.prune", pruned=out.pruned)
         return out

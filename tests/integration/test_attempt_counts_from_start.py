@@ -18,13 +18,20 @@ T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 30.0
 
 
-def worker_claim(conn: psycopg.Connection[Any], now: datetime) -> pgqueue.ClaimedTask:
-    """Claim one task as a worker does: not yet started."""
-    op = queries.claim_round(
-        queues=["default"], limit=1, owner="w", lease_seconds=LEASE, now=now, started=False
-    )
+def worker_claim(
+    conn: psycopg.Connection[Any], now: datetime, owner: str = "w"
+) -> pgqueue.ClaimedTask:
+    """Claim one task as a worker does: its row of start marks first (a worker writes it at
+    its first claim), the claim not yet marked started."""
+    queries.run(conn, queries.lease_starts_mark(owner, started=False, now=now))
+    op = queries.claim_round(queues=["default"], limit=1, owner=owner, lease_seconds=LEASE, now=now)
     (task,), _ = queries.run(conn, op, atomic=True)
     return task
+
+
+def mark_started(conn: psycopg.Connection[Any], now: datetime, owner: str = "w") -> None:
+    """What a worker does between its claim and its handlers."""
+    queries.run(conn, queries.lease_starts_mark(owner, now=now))
 
 
 def row(conn: psycopg.Connection[Any], task_id: Any) -> tuple[Any, ...]:
@@ -43,7 +50,6 @@ def test_a_claim_lost_before_its_handler_started_gives_the_attempt_back(
     task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
     claimed = worker_claim(conn, T0)
     assert claimed.attempts == 1  # the handler sees which attempt it would be
-    assert row(conn, task_id)[4] is None  # not started
 
     swept_at = T0 + timedelta(seconds=LEASE + 1)
     sweep = pgqueue.sweep_expired(conn, now=swept_at)
@@ -59,10 +65,9 @@ def test_a_claim_lost_before_its_handler_started_gives_the_attempt_back(
 
 def test_a_started_attempt_whose_lease_is_lost_is_counted(conn: psycopg.Connection[Any]) -> None:
     task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=2, now=T0).id
-    claimed = worker_claim(conn, T0)
-    started_at = T0 + timedelta(milliseconds=2)
-    assert queries.run(conn, queries.task_start([claimed.lease], started_at)) == {task_id}
-    assert row(conn, task_id)[4] == started_at
+    worker_claim(conn, T0)
+    mark_started(conn, T0 + timedelta(milliseconds=2))
+    assert row(conn, task_id)[4] == T0  # started_at: the claim's time
 
     pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
 
@@ -77,9 +82,9 @@ def test_a_task_that_kills_its_worker_every_time_it_starts_is_dead_lettered(
     task_id = pgqueue.enqueue(conn, "poison", {}, max_attempts=3, now=T0).id
     now = T0
     for attempt in (1, 2, 3):
-        claimed = worker_claim(conn, now)
+        claimed = worker_claim(conn, now, owner=f"w{attempt}")  # a new worker each time
         assert claimed.attempts == attempt
-        queries.run(conn, queries.task_start([claimed.lease], now))
+        mark_started(conn, now, owner=f"w{attempt}")
         now += timedelta(seconds=LEASE + 1)
         sweep = pgqueue.sweep_expired(conn, now=now)
         now += timedelta(hours=1)  # past any backoff
@@ -87,11 +92,60 @@ def test_a_task_that_kills_its_worker_every_time_it_starts_is_dead_lettered(
     assert row(conn, task_id)[:2] == ("failed", 3)
 
 
-def test_starting_a_lease_that_was_lost_marks_nothing(conn: psycopg.Connection[Any]) -> None:
+def test_a_mark_covers_the_claims_before_it_and_none_after(conn: psycopg.Connection[Any]) -> None:
+    """A worker that started its first claim and was killed after its second: only the
+    second gives its attempt back."""
+    first = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    second = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    worker_claim(conn, T0)
+    mark_started(conn, T0)
+    later = T0 + timedelta(milliseconds=5)
+    queries.run(
+        conn,
+        queries.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=LEASE, now=later),
+        atomic=True,
+    )
+
+    sweep = pgqueue.sweep_expired(conn, now=later + timedelta(seconds=LEASE + 1))
+
+    assert (sweep.dead, sweep.requeued) == ([first], [second])
+
+
+def test_a_lost_lease_of_an_owner_without_marks_is_counted(conn: psycopg.Connection[Any]) -> None:
+    """A worker from before start marks existed (or whose row was pruned): the safe side."""
+    task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    queries.run(
+        conn,
+        queries.claim_round(queues=["default"], limit=1, owner="old", lease_seconds=LEASE, now=T0),
+        atomic=True,
+    )
+    sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+    assert sweep.dead == [task_id]
+
+
+def test_a_mark_never_moves_back(conn: psycopg.Connection[Any]) -> None:
+    """The start-up mark of a restarted owner id does not unmark what it had started."""
+    task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
+    worker_claim(conn, T0)
+    mark_started(conn, T0)
+    queries.run(conn, queries.lease_starts_mark("w", started=False, now=T0))
+    sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
+    assert sweep.dead == [task_id]
+
+
+def test_marks_of_owners_gone_for_an_hour_are_pruned_and_others_kept(
+    conn: psycopg.Connection[Any],
+) -> None:
     pgqueue.enqueue(conn, "job", {}, now=T0)
-    claimed = worker_claim(conn, T0)
-    pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
-    assert queries.run(conn, queries.task_start([claimed.lease])) == set()
+    worker_claim(conn, T0, owner="busy")  # holds a lease: kept however old
+    queries.run(conn, queries.lease_starts_mark("gone", now=T0))
+    queries.run(conn, queries.lease_starts_mark("recent", now=T0 + timedelta(minutes=30)))
+
+    pruned = queries.run(conn, queries.lease_starts_prune(now=T0 + timedelta(minutes=61)))
+
+    assert pruned == 1
+    owners = {r[0] for r in conn.execute("SELECT owner FROM pgqueue.lease_starts")}
+    assert owners == {"busy", "recent"}
 
 
 def test_the_library_claim_counts_from_the_claim_as_before(conn: psycopg.Connection[Any]) -> None:
@@ -107,7 +161,7 @@ def test_the_rule_holds_for_tasks_under_a_limit(conn: psycopg.Connection[Any]) -
     by_worker = pgqueue.enqueue(conn, "rationed", {}, max_attempts=1, now=T0).id
     worker_claim(conn, T0)
     by_library = pgqueue.enqueue(conn, "rationed", {}, max_attempts=1, now=T0).id
-    pgqueue.claim(conn, ["default"], limit=1, worker_id="w", now=T0)
+    pgqueue.claim(conn, ["default"], limit=1, worker_id="lib", now=T0)
 
     sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
 

@@ -26,7 +26,7 @@ TASKS = 30_000
 
 def claim_op(starts: Starts | None) -> queries.Op[list[pgqueue.ClaimedTask]]:
     return queries.task_claim(
-        queues=["default"], limit=BATCH, owner="w", lease_seconds=30, starts=starts, started=False
+        queues=["default"], limit=BATCH, owner="w", lease_seconds=30, starts=starts
     )
 
 
@@ -100,7 +100,6 @@ def test_writes_by_lease_look_each_row_up_by_id_while_a_snapshot_is_pinned(
     conn.execute("ANALYZE pgqueue.tasks")
 
     writes = {
-        "task_start": queries.task_start(leases),
         "task_heartbeat": queries.task_heartbeat(leases, 30),
         "task_complete": queries.task_complete_many([(lease, None) for lease in leases]),
         "task_release": queries.task_release(leases),

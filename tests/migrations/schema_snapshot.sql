@@ -6,7 +6,15 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0005_tracing_dashboard
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0006_lease_starts
+
+CREATE TABLE pgqueue.lease_starts (
+    owner text NOT NULL,
+    started_through timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+ALTER TABLE pgqueue.lease_starts ADD CONSTRAINT lease_starts_pkey PRIMARY KEY (owner);
+CREATE UNIQUE INDEX lease_starts_pkey ON pgqueue.lease_starts USING btree (owner);
 
 CREATE TABLE pgqueue.limits (
     kind text NOT NULL,
