@@ -1,23 +1,32 @@
 """Cron expressions for periodic tasks: parse one, and find its next tick after a moment.
 
-Five fields (minute hour day-of-month month day-of-week) as in crontab(5), or six with seconds
-first. Each field takes ``*``, numbers, ``a-b`` ranges, ``/step`` and comma lists; months and
-weekdays also take their English three-letter names, and 0 and 7 are both Sunday. When both
-day fields are restricted, a day matches either (crontab's rule). ``@yearly``, ``@monthly``,
-``@weekly``, ``@daily`` (``@midnight``) and ``@hourly`` stand for the usual expressions.
+Parsing and matching are cronsim's (the parser Healthchecks runs, written to match Debian's
+cron): five fields (minute hour day-of-month month day-of-week) or six with seconds first;
+``*``, numbers, ``a-b``, ``/step``, lists, month and weekday names, 0 and 7 for Sunday; ``L``
+(the last day of the month) and ``LW`` (its last weekday) in the day of month; ``5L`` (the last
+Friday) and ``MON#2`` (the second Monday) in the day of week. When both day fields are
+restricted, a day matches either; when one starts with ``*`` both must (Debian's rule).
+pgqueue adds the ``@yearly`` ... ``@hourly`` aliases, the errors that name the expression and
+the field, and its own rule for daylight-saving changes (below), which cronsim leaves to
+Debian's habit of running a skipped job late.
 
 Ticks are wall-clock times in the schedule's time zone: ``0 9 * * *`` in Europe/Paris fires at
 09:00 Paris time in winter and in summer. A time that a daylight-saving change skips does not
-fire that day; a time it repeats fires once (the first).
+fire that day. A schedule at set times of day (its minute and hour fields start with neither
+``*`` nor ``*/``) fires a repeated time once, the first; one that runs through the hour
+(``*/15 * * * *``, ``0 * * * *``) keeps its rhythm in real time, in both passes of the hour.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 from pgqueue.errors import ValidationError
 
@@ -30,143 +39,101 @@ ALIASES = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-WEEKDAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
-# (name, low, high, names whose index + offset is the value)
+# What each field of a six-field expression accepts, for the error that names a bad one.
 FIELDS = (
-    ("second", 0, 59, None, 0),
-    ("minute", 0, 59, None, 0),
-    ("hour", 0, 23, None, 0),
-    ("day of month", 1, 31, None, 0),
-    ("month", 1, 12, MONTHS, 1),
-    ("day of week", 0, 7, WEEKDAYS, 0),
+    ("second", "0-59"),
+    ("minute", "0-59"),
+    ("hour", "0-23"),
+    ("day-of-month", "1-31, L (last day) or LW (last weekday)"),
+    ("month", "1-12 or jan-dec"),
+    ("day-of-week", "0-7 or sun-sat (0 and 7 are Sunday), 5L (last Friday), mon#2"),
 )
-# The search gives up after this many years without a tick (``0 0 30 2 *`` never fires).
-HORIZON_YEARS = 8
+NEAREST_WEEKDAY = re.compile(r"\d+W", re.IGNORECASE)
+# Any expression that fires fires within cronsim's 50-year search from here; one that does not
+# is refused when it is declared, not at its first tick.
+PROBE = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def _value(text: str, field: str, low: int, high: int, names: list[str] | None, offset: int) -> int:
-    if names is not None and text.lower() in names:
-        return names.index(text.lower()) + offset
-    if not text.isdigit():
-        raise ValueError(f"{field}: {text!r} is not a number")
-    value = int(text)
-    if not low <= value <= high:
-        raise ValueError(f"{field}: {value} is outside {low}-{high}")
-    return value
+def _fields(text: str) -> list[str]:
+    expanded = ALIASES.get(text.strip().lower(), text.strip())
+    parts = expanded.split()
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    if len(parts) != 6:
+        raise ValidationError(
+            "cron", f"{text!r} has {len(parts)} fields; give 5 (or 6, seconds first)"
+        )
+    return parts
 
 
-def _field(text: str, spec: tuple[str, int, int, list[str] | None, int]) -> frozenset[int]:
-    field, low, high, names, offset = spec
-    values: set[int] = set()
-    for part in text.split(","):
-        body, _, step_text = part.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise ValueError(f"{field}: step {step_text!r} is not a positive number")
-            step = int(step_text)
-        if body == "*":
-            start, end = low, high
-        elif "-" in body:
-            a, _, b = body.partition("-")
-            start = _value(a, field, low, high, names, offset)
-            end = _value(b, field, low, high, names, offset)
-            if start > end:
-                raise ValueError(f"{field}: range {body!r} runs backwards")
-        else:
-            start = _value(body, field, low, high, names, offset)
-            end = high if step_text else start
-        values.update(range(start, end + 1, step))
-    return frozenset(values)
+def _check(text: str, parts: list[str]) -> None:
+    """Turn cronsim's "Bad minute" into an error that names the expression, the field, its
+    text and what the field accepts, and a combination that can never fire into just that."""
+    day = parts[3]
+    if NEAREST_WEEKDAY.fullmatch(day):
+        raise ValidationError(
+            "cron",
+            f"{text!r}: the nearest weekday to a day ({day!r}) is not supported; "
+            "LW (the last weekday of the month) is",
+        )
+    try:
+        next(CronSim(" ".join(parts), PROBE))
+        return
+    except StopIteration:
+        raise ValidationError("cron", f"{text!r} never fires") from None
+    except CronSimError as exc:
+        reason = str(exc)
+    for index, (name, accepts) in enumerate(FIELDS):
+        if reason == f"Bad {name}":
+            alone = ["*"] * 6
+            alone[index] = parts[index]
+            try:
+                next(CronSim(" ".join(alone), PROBE))
+            except CronSimError:
+                raise ValidationError(
+                    "cron",
+                    f"{text!r}: the {name} field {parts[index]!r} is not valid; "
+                    f"it takes *, {accepts}, a-b ranges, /steps and comma lists",
+                ) from None
+            except StopIteration:
+                pass
+            raise ValidationError(
+                "cron", f"{text!r} never fires: day {day} is in none of its months"
+            ) from None
+    raise ValidationError("cron", f"{text!r}: {reason}")  # pragma: no cover - a new message
 
 
 @dataclasses.dataclass(frozen=True)
 class Cron:
-    """A parsed expression: the allowed values of each field."""
+    """A checked expression: ``text`` as declared, ``fields`` as cronsim reads it (always six,
+    seconds first, so that cronsim applies no DST habit of its own: see the module)."""
 
     text: str
-    seconds: frozenset[int]
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    any_day: bool  # day of month is *
-    any_weekday: bool  # day of week is *
+    fields: str
+    set_times: bool  # minute and hour are set values: a repeated wall-clock time fires once
 
     @classmethod
     def parse(cls, text: str) -> Cron:
         """The expression, or ValidationError (field ``cron``) saying what is wrong."""
         if not isinstance(text, str) or not text.strip():
             raise ValidationError("cron", "give a cron expression such as '*/5 * * * *'")
-        expanded = ALIASES.get(text.strip().lower(), text.strip())
-        parts = expanded.split()
-        if len(parts) == 5:
-            parts = ["0", *parts]
-        if len(parts) != 6:
-            raise ValidationError(
-                "cron", f"{text!r} has {len(parts)} fields; give 5 (or 6, seconds first)"
-            )
-        try:
-            sets = [_field(part, spec) for part, spec in zip(parts, FIELDS, strict=True)]
-        except ValueError as exc:
-            raise ValidationError("cron", f"{text!r}: {exc}") from None
-        weekdays = frozenset(d % 7 for d in sets[5])
-        seconds, minutes, hours, days, months = sets[:5]
-        return cls(
-            text,
-            seconds,
-            minutes,
-            hours,
-            days,
-            months,
-            weekdays,
-            any_day=parts[3] == "*",
-            any_weekday=parts[5] == "*",
-        )
+        parts = _fields(text)
+        _check(text, parts)
+        set_times = not parts[1].startswith("*") and not parts[2].startswith("*")
+        return cls(text, " ".join(parts), set_times)
 
-    def _day_matches(self, day: datetime) -> bool:
-        in_month = day.day in self.days
-        in_week = (day.weekday() + 1) % 7 in self.weekdays
-        if self.any_day and self.any_weekday:
-            return True
-        if self.any_day:
-            return in_week
-        if self.any_weekday:
-            return in_month
-        return in_month or in_week  # both restricted: either will do
+    def _fires(self, tick: datetime, tz: ZoneInfo) -> bool:
+        """Whether a tick cronsim found keeps pgqueue's daylight-saving rule."""
+        if tick.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != tick.replace(tzinfo=None):
+            return False  # a wall-clock time the change skipped
+        second_pass = tick.fold == 1 and tick.replace(fold=0).utcoffset() != tick.utcoffset()
+        return not (second_pass and self.set_times)
 
     def next_after(self, moment: datetime, tz: ZoneInfo) -> datetime:
         """The first tick strictly after ``moment`` (aware), as an aware UTC datetime."""
-        local = moment.astimezone(tz).replace(tzinfo=None, microsecond=0) + timedelta(seconds=1)
-        limit = local.replace(year=min(local.year + HORIZON_YEARS, 9999))
-        while local < limit:
-            if local.month not in self.months:
-                year, month = (
-                    (local.year + 1, 1) if local.month == 12 else (local.year, local.month + 1)
-                )
-                local = datetime(year, month, 1)
-                continue
-            if not self._day_matches(local):
-                local = datetime(local.year, local.month, local.day) + timedelta(days=1)
-                continue
-            if local.hour not in self.hours:
-                local = local.replace(minute=0, second=0) + timedelta(hours=1)
-                continue
-            if local.minute not in self.minutes:
-                local = local.replace(second=0) + timedelta(minutes=1)
-                continue
-            if local.second not in self.seconds:
-                local += timedelta(seconds=1)
-                continue
-            aware = local.replace(tzinfo=tz, fold=0)
-            # A time skipped by a daylight-saving change does not exist: it does not fire.
-            if aware.astimezone(UTC).astimezone(tz).replace(tzinfo=None) == local:
-                tick = aware.astimezone(UTC)
-                if tick > moment:
-                    return tick
-            local += timedelta(seconds=1)
+        for tick in CronSim(self.fields, moment.astimezone(tz)):
+            if tick > moment and self._fires(tick, tz):
+                return tick.astimezone(UTC)
         raise ValidationError("cron", f"{self.text!r} never fires")
 
 
