@@ -10,6 +10,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
 import pgqueue
 from pgqueue.cron import Cron, Schedule
@@ -105,3 +106,24 @@ def test_the_cli_and_the_api_list_schedules(database_url, conn):
     finally:
         api.close()
     assert row["name"] == "tick" and row["queue"] == "periodic"
+
+
+@pytest.mark.timeout(60)  # a registry that loads would start a worker that runs until stopped
+def test_a_worker_whose_registry_declares_a_bad_expression_refuses_to_start_naming_it(
+    database_url, tmp_path, monkeypatch
+):
+    from boundaries import run_main
+
+    (tmp_path / "bad_cron_registry.py").write_text(
+        "import pgqueue\n"
+        "tasks = pgqueue.TaskRegistry()\n"
+        "tasks.periodic('month-end', '0 18 L * fri#6')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_main(database_url, "worker", "bad_cron_registry:tasks")
+    assert result.code == 2 and result.stdout == ""
+    assert result.line == (
+        "error: cron: '0 18 L * fri#6': the day-of-week field 'fri#6' is not valid; it takes *,"
+        " 0-7 or sun-sat (0 and 7 are Sunday), 5L (last Friday), mon#2, a-b ranges, /steps and"
+        " comma lists"
+    )
