@@ -21,7 +21,7 @@ from typing import Any
 from pgqueue import config, queries, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
-from pgqueue.errors import TaskNotFound, ValidationError
+from pgqueue.errors import QueueNotFound, TaskNotFound, ValidationError
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
@@ -312,6 +312,14 @@ def discard(
 
 
 @operation
+def count_dead_letters(*, type: str | None = None, queue: str | None = None) -> Op[int]:
+    """How many dead letters match the filters: what a ``replay`` or ``discard`` by the same
+    filters would take (less any that change meanwhile), for a confirmation to name."""
+    check_filters(type=type, queue=queue)
+    return queries.task_dead_count(type, queue)
+
+
+@operation
 def queue_stats() -> Op[list[QueueStats]]:
     """Depth per queue, priority and status, with the age of the oldest ready task. It counts
     the finished tasks kept too, so it reads the whole table: for something asked every few
@@ -413,11 +421,26 @@ def promote_aged(
 
 
 @operation
-def pause_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
+def pause_queue(queue: str, *, create: bool = True, now: datetime | None = None) -> Op[QueueState]:
     """Stop every worker from claiming tasks of ``queue`` (from their next claim: within a
     poll interval, across processes and hosts) until it is resumed; it stays paused across
-    restarts. Tasks already running finish. Submitting to a paused queue still works."""
-    return queries.queue_pause(check_name("queue", queue), now)
+    restarts. Tasks already running finish. Submitting to a paused queue still works.
+
+    ``create=False`` refuses (:class:`~pgqueue.QueueNotFound`) a queue with no tasks and no
+    settings, which is most often a typo that would stay paused, unnoticed, for good; the
+    CLI and the HTTP API pass it unless told ``--create`` / ``?create=true``. Code names its
+    queues itself, and pausing one before its first task is ordinary there."""
+    return _pause(check_name("queue", queue), create, now)
+
+
+def _pause(queue: str, create: bool, now: datetime | None) -> Op[QueueState]:
+    if not create and not (yield from queries.queue_known(queue)):
+        raise QueueNotFound(
+            queue,
+            "to pause it before its first task, say so: create=True (CLI: --create, "
+            "HTTP: ?create=true)",
+        )
+    return (yield from queries.queue_pause(queue, now))
 
 
 @operation
@@ -427,8 +450,15 @@ def resume_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
 
 
 @operation
+def remove_queue(queue: str) -> Op[bool]:
+    """Forget the settings of ``queue`` (paused, retention): a paused one runs again, with
+    the workers' retention. Its tasks are not touched. Whether it had any settings."""
+    return queries.queue_remove(check_name("queue", queue))
+
+
+@operation
 def list_queues() -> Op[list[QueueState]]:
-    """Queues with unfinished tasks or a setting, and whether each is paused."""
+    """Queues with tasks (in any status) or a setting, and whether each is paused."""
     return queries.queue_list()
 
 

@@ -301,18 +301,42 @@ class TaskSpec(NamedTuple):
     payload_json: str
     priority: Priority
     queue: str
-    max_attempts: int
-    backoff_base: float
-    backoff_factor: float
-    backoff_cap: float
+    # The caller's retry policy, None where the caller gave none: the insert then takes the
+    # type's declaration (pgqueue.task_types), else DEFAULT_RETRY, field by field.
+    max_attempts: int | None
+    backoff_base: float | None
+    backoff_factor: float | None
+    backoff_cap: float | None
     idempotency_key: str | None
     run_at: datetime | None
     delay_seconds: float
 
 
-def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> Task:
+# The retry policy of a task whose caller and type declared none.
+DEFAULT_RETRY = RetryPolicy()
+
+
+def _defaults() -> dict[str, Any]:
+    return {
+        "default_max_attempts": DEFAULT_RETRY.max_attempts,
+        "default_backoff_base": DEFAULT_RETRY.base,
+        "default_backoff_factor": DEFAULT_RETRY.factor,
+        "default_backoff_cap": DEFAULT_RETRY.cap,
+    }
+
+
+def _explicit(spec: TaskSpec) -> bool:
+    """Whether the caller gave any part of a retry policy (else the task may be marked
+    policy_default, for its type's declaration to apply at its first claim)."""
+    return spec.max_attempts is not None or spec.backoff_base is not None
+
+
+def _inserted(
+    spec: TaskSpec, created_at: datetime, visible_after: datetime, max_attempts: int
+) -> Task:
     """The Task a fresh insert created, built from what was sent rather than read back: the
-    statement returns only what the server decided (times), which keeps enqueue cheap."""
+    statement returns only what the server decided (times, the resolved max_attempts), which
+    keeps enqueue cheap."""
     return Task(
         id=spec.id,
         queue=spec.queue,
@@ -321,7 +345,7 @@ def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> 
         priority=spec.priority,
         status=TaskStatus.QUEUED,
         attempts=0,
-        max_attempts=spec.max_attempts,
+        max_attempts=max_attempts,
         visible_after=visible_after,
         idempotency_key=spec.idempotency_key,
         result=None,
@@ -332,6 +356,7 @@ def _inserted(spec: TaskSpec, created_at: datetime, visible_after: datetime) -> 
         created_at=created_at,
         started_at=None,
         finished_at=None,
+        ready_since=visible_after,
     )
 
 
@@ -354,12 +379,15 @@ def task_insert(
             "idempotency_key": spec.idempotency_key,
             "run_at": spec.run_at,
             "delay": spec.delay_seconds,
+            "explicit": _explicit(spec),
             "now": now,
             "trace_context": _trace_json(trace_context),
+            **_defaults(),
         },
     )
     if rows:
-        return _inserted(spec, rows[0]["created_at"], rows[0]["visible_after"]), True
+        row = rows[0]
+        return _inserted(spec, row["created_at"], row["visible_after"], row["max_attempts"]), True
     # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield Query("task_get_by_keys", {"keys": [spec.idempotency_key]})
@@ -370,8 +398,45 @@ def task_insert(
 
 _COPY_TYPES = (
     "uuid", "text", "text", "jsonb", "int2", "int4", "float4", "float4", "float4",
-    "timestamptz", "timestamptz", "jsonb",
+    "timestamptz", "timestamptz", "jsonb", "bool",
 )  # fmt: skip
+
+
+_Policy = tuple[int, float, float, float, bool | None]
+_DEFAULT_POLICY: _Policy = (
+    DEFAULT_RETRY.max_attempts,
+    DEFAULT_RETRY.base,
+    DEFAULT_RETRY.factor,
+    DEFAULT_RETRY.cap,
+    True,  # policy_default: nothing declared it
+)
+
+
+def _declared_policies(declared: Mapping[str, list[Any]]) -> dict[str, _Policy]:
+    """Each declared type's policy for a task whose caller gave none (the COPY path's side of
+    task_insert's precedence), the default standing in for a field the type left out."""
+    out: dict[str, _Policy] = {}
+    for type, fields in declared.items():
+        m, b, f, c = (
+            x if x is not None else y for x, y in zip(fields, _DEFAULT_POLICY[:4], strict=True)
+        )
+        out[type] = (int(m), float(b), float(f), float(c), None)
+    return out
+
+
+def _resolved_policy(s: TaskSpec, policies: Mapping[str, _Policy]) -> _Policy:
+    """The COPY path's retry policy for one task: the caller's, else its type's declaration,
+    else the default, field by field; marked policy_default only when none applied."""
+    declared = policies.get(s.type, _DEFAULT_POLICY)
+    if s.max_attempts is None and s.backoff_base is None:
+        return declared  # the common case: one dict lookup per task
+    return (
+        s.max_attempts if s.max_attempts is not None else declared[0],
+        s.backoff_base if s.backoff_base is not None else declared[1],
+        s.backoff_factor if s.backoff_factor is not None else declared[2],
+        s.backoff_cap if s.backoff_cap is not None else declared[3],
+        None,
+    )
 
 
 def _trace_json(trace_context: Mapping[str, str] | None) -> Jsonb | None:
@@ -396,21 +461,24 @@ def task_insert_many(
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
     plain = [s for s in specs if s.idempotency_key is None]
     if plain:
-        clock: datetime = (yield Query("clock", {"now": now}))[0]["now"]
+        types = sorted({s.type for s in plain})
+        (head,) = yield Query("task_copy_clock", {"now": now, "types": types})
+        clock: datetime = head["now"]
+        policies = _declared_policies(head["declared"])
         rows = []
         for s in plain:
             visible_after = s.run_at or (
                 clock + timedelta(seconds=s.delay_seconds) if s.delay_seconds else clock
             )
             payload = Jsonb(s.payload_json, dumps=_stored_as_is)
-            policy = (s.max_attempts, s.backoff_base, s.backoff_factor, s.backoff_cap)
+            attempts, base, factor, cap, mark = _resolved_policy(s, policies)
             rows.append(
                 (
-                    s.id, s.queue, s.type, payload, int(s.priority), *policy, visible_after,
-                    clock, trace,
+                    s.id, s.queue, s.type, payload, int(s.priority), attempts, base, factor,
+                    cap, visible_after, clock, trace, mark,
                 )
             )  # fmt: skip
-            results[s.id] = (_inserted(s, clock, visible_after), True)
+            results[s.id] = (_inserted(s, clock, visible_after, attempts), True)
         yield Copy("task_copy", _COPY_TYPES, rows)
     keyed = [s for s in specs if s.idempotency_key is not None]
     if keyed:
@@ -442,8 +510,10 @@ def _insert_keyed(
             "idempotency_keys": [s.idempotency_key for s in specs],
             "run_ats": [s.run_at for s in specs],
             "delays": [s.delay_seconds for s in specs],
+            "explicits": [_explicit(s) for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
+            **_defaults(),
         },
         prepare=False,
     )
@@ -457,7 +527,8 @@ def _insert_keyed(
     for s in specs:
         if s.id in inserted:
             row = inserted[s.id]
-            out.append((_inserted(s, row["created_at"], row["visible_after"]), True))
+            created = _inserted(s, row["created_at"], row["visible_after"], row["max_attempts"])
+            out.append((created, True))
         elif s.idempotency_key in existing:
             # Either an older task, or an earlier spec of this same batch with the same key.
             task = existing[s.idempotency_key]
@@ -613,6 +684,31 @@ def lease_starts_mark(owner: str, *, started: bool = True, now: datetime | None 
     with ``started=False`` (a worker's start-up), give the owner a mark before its first
     claim, so that those claims are refundable too."""
     yield Query("lease_starts_mark", {"owner": owner, "started": started, "now": now})
+
+
+def task_types_declare(
+    owner: str, declarations: Sequence[tuple[str, RetryPolicy | None]], now: datetime | None = None
+) -> Op[None]:
+    """Record a registry's task types and their retry policies (None: none declared), as
+    ``owner`` (a worker's id) at its start; enqueue reads them (task_insert)."""
+    policies = [p for _, p in declarations]
+    yield Query(
+        "task_types_declare",
+        {
+            "owner": owner,
+            "types": [t for t, _ in declarations],
+            "max_attempts": [p.max_attempts if p else None for p in policies],
+            "bases": [float(p.base) if p else None for p in policies],
+            "factors": [float(p.factor) if p else None for p in policies],
+            "caps": [float(p.cap) if p else None for p in policies],
+            "now": now,
+        },
+    )
+
+
+def task_types_list() -> Op[list[Row]]:
+    """The declared task types, by type."""
+    return (yield Query("task_types_list", {}))
 
 
 def lease_starts_prune(now: datetime | None = None) -> Op[int]:
@@ -783,6 +879,11 @@ def task_replay(
     return [r["id"] for r in rows]
 
 
+def task_dead_count(type: str | None, queue: str | None) -> Op[int]:
+    rows = yield Query("task_dead_count", {"type": type, "queue": queue})
+    return int(rows[0]["count"])
+
+
 def task_discard(
     ids: Sequence[uuid.UUID] | None, type: str | None, queue: str | None, limit: int
 ) -> Op[list[uuid.UUID]]:
@@ -887,9 +988,21 @@ def queue_pause(name: str, now: datetime | None = None) -> Op[QueueState]:
 
 def queue_resume(name: str, now: datetime | None = None) -> Op[QueueState]:
     rows = yield Query("queue_resume", {"name": name, "now": now})
+    if not rows:  # no settings row: it was not paused, and stays without a row
+        return QueueState(name=name, paused=False, paused_at=None, updated_at=None)
     row = dict(rows[0])
     row.pop("notified")
     return QueueState(**row)
+
+
+def queue_remove(name: str) -> Op[bool]:
+    rows = yield Query("queue_remove", {"name": name})
+    return bool(rows)
+
+
+def queue_known(name: str) -> Op[bool]:
+    rows = yield Query("queue_known", {"name": name})
+    return bool(rows[0]["known"])
 
 
 def queue_list() -> Op[list[QueueState]]:

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue.api.dependencies import attach_state, authentication, state_of
 from pgqueue.api.errors import on_http_error, on_pgqueue_error, on_validation
-from pgqueue.api.middleware import BearerAuth, BodyLimit, Measure
+from pgqueue.api.middleware import BearerAuth, BodyLimit, CrossSiteWrites, Measure
 from pgqueue.api.routes import (
     dashboard,
     dead_letters,
@@ -85,10 +85,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     metrics.add_to(app)
     dashboard.add_to(app)
     health.add_to(app)
-    # Each added one wraps the ones before: BearerAuth runs first, before any body is read.
+    # Each added one wraps the ones before: CrossSiteWrites runs first, then BearerAuth,
+    # both before any body is read.
     app.add_middleware(Measure, metrics=state.metrics)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(BearerAuth, tokens=settings.tokens)
+    app.add_middleware(CrossSiteWrites)
     return app
 
 

@@ -1,9 +1,10 @@
-"""The API's ASGI middlewares: authentication, the body limit and request metrics.
+"""The API's ASGI middlewares: authentication, cross-site writes, the body limit and request
+metrics.
 
 Plain ASGI classes rather than Starlette's BaseHTTPMiddleware, which costs more per request
 than the whole submit's SQL; and middlewares rather than dependencies, because the token and
 the body size are checked before FastAPI reads or parses the body. ``create_app`` adds them so
-that BearerAuth runs first, then BodyLimit, then Measure.
+that CrossSiteWrites runs first, then BearerAuth, then BodyLimit, then Measure.
 """
 
 from __future__ import annotations
@@ -99,6 +100,42 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         await _send_error(send, error(401, "unauthorized", problem))
+
+
+class CrossSiteWrites:
+    """Refuse a write (POST, PUT, PATCH, DELETE) that a browser sent from another site, with
+    403, whatever the token setting: without tokens (loopback use) any page the operator has
+    open could otherwise post a form to pause a queue or discard dead letters, since the
+    browser would send it to 127.0.0.1. A bearer token stops such posts already (a form
+    cannot set the header), so this is the rule for tokenless servers and a second lock for
+    the others. The browser says where a request comes from: ``Sec-Fetch-Site`` (every
+    current browser), else ``Origin`` compared with ``Host`` (the rule of Go's
+    CrossOriginProtection). Clients that are not browsers send neither and pass."""
+
+    UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in self.UNSAFE:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        site = headers.get(b"sec-fetch-site")
+        origin = headers.get(b"origin")
+        if site is not None:
+            cross = site not in (b"same-origin", b"none")
+        elif origin is not None:
+            host = origin.partition(b"://")[2]
+            cross = origin == b"null" or host != headers.get(b"host", b"")
+        else:
+            cross = False
+        if not cross:
+            await self.app(scope, receive, send)
+            return
+        problem = "a write sent by a page of another site is refused (cross-site request)"
+        await _send_error(send, error(403, "cross_site_request", problem))
 
 
 class Measure:

@@ -71,11 +71,32 @@ class TaskOut(BaseModel):
     type: str
     queue: str
     priority: str
+    submitted_priority: str | None = Field(
+        None,
+        description="The priority the task was submitted with, once the starvation policy has "
+        "promoted it (priority is then the current one); null while never promoted.",
+    )
+    ready_since: datetime | None = Field(
+        None,
+        description="When the task first became ready: promotions, retries and releases move "
+        "run_at but not this (a replay starts a new wait). Waiting ages count from it.",
+    )
     payload: dict[str, Any]
     result: Any = None
     attempts: int
-    max_attempts: int
-    last_error: str | None
+    max_attempts: int = Field(
+        description="The task's attempts in all: the caller's, else its type's declaration "
+        "(recorded by workers at start), else the default, 3."
+    )
+    last_error: str | None = Field(description="The last error as stored: summary, then traceback.")
+    last_error_summary: str | None = Field(
+        None,
+        description="The last error's first part: the exception's type and message "
+        '("ValueError: doomed always fails"), or the whole of an error without a traceback.',
+    )
+    last_error_traceback: str | None = Field(
+        None, description="The last error's traceback, when it has one (shown on demand)."
+    )
     idempotency_key: str | None
     cancel_requested: bool
     run_at: datetime
@@ -95,11 +116,15 @@ class TaskOut(BaseModel):
             type=task.type,
             queue=task.queue,
             priority=task.priority.label,
+            submitted_priority=task.submitted_priority.label if task.submitted_priority else None,
+            ready_since=task.ready_since,
             payload=task.payload,
             result=task.result,
             attempts=task.attempts,
             max_attempts=task.max_attempts,
             last_error=task.last_error,
+            last_error_summary=error.summary if (error := task.error) else None,
+            last_error_traceback=error.traceback if error else None,
             idempotency_key=task.idempotency_key,
             cancel_requested=task.cancel_requested,
             run_at=task.visible_after,
@@ -138,6 +163,12 @@ class DeadLetterFilter(BaseModel):
 class BulkOut(BaseModel):
     count: int
     task_ids: list[uuid.UUID]
+
+
+class DeadLetterCount(BaseModel):
+    """How many dead letters match a filter: what a bulk replay or discard would take."""
+
+    count: int
 
 
 # --- stats -----------------------------------------------------------------------------------
@@ -263,6 +294,11 @@ class LimitOut(BaseModel):
         )
 
 
+class QueueRemovedOut(BaseModel):
+    name: str
+    removed: bool = Field(description="Whether the queue had settings to remove.")
+
+
 class LimitRemovedOut(BaseModel):
     kind: Literal["type", "queue"]
     name: str
@@ -293,7 +329,15 @@ class FailureOut(BaseModel):
     priority: str
     attempts: int
     max_attempts: int
-    last_error: str | None
+    last_error: str | None = Field(description="The last error as stored: summary, then traceback.")
+    last_error_summary: str | None = Field(
+        None,
+        description="The last error's first part: the exception's type and message "
+        '("ValueError: doomed always fails"), or the whole of an error without a traceback.',
+    )
+    last_error_traceback: str | None = Field(
+        None, description="The last error's traceback, when it has one (shown on demand)."
+    )
     started_at: datetime | None = Field(description="When the failed attempt started.")
     retry_at: datetime | None = Field(description="Retrying: when the next attempt may start.")
     finished_at: datetime | None = Field(description="Dead: when it was dead-lettered.")
@@ -308,6 +352,8 @@ class FailureOut(BaseModel):
             attempts=failure.attempts,
             max_attempts=failure.max_attempts,
             last_error=failure.last_error,
+            last_error_summary=error.summary if (error := failure.error) else None,
+            last_error_traceback=error.traceback if error else None,
             started_at=failure.started_at,
             retry_at=failure.retry_at,
             finished_at=failure.finished_at,

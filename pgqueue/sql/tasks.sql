@@ -5,20 +5,27 @@
 -- name: task_insert
 -- One task; with a taken idempotency key nothing is inserted and no row comes back.
 -- pg_notify is transactional: idle workers wake only if (and when) the caller commits.
+-- The retry policy, field by field: the caller's, else the type's declaration (one primary-key
+-- read of pgqueue.task_types), else the default (see task_insert_plain).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
-                               created_at, trace_context)
-    SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
-           %(backoff_base)s, %(backoff_factor)s, %(backoff_cap)s, %(idempotency_key)s,
+                               created_at, trace_context, policy_default)
+    SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
+           coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
+           coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
+           coalesce(%(backoff_factor)s::real, d.backoff_factor, %(default_backoff_factor)s),
+           coalesce(%(backoff_cap)s::real, d.backoff_cap, %(default_backoff_cap)s),
+           %(idempotency_key)s,
            coalesce(%(run_at)s::timestamptz, clock.now + %(delay)s * interval '1 second'),
-           clock.now, %(trace_context)s::jsonb
-      FROM clock
+           clock.now, %(trace_context)s::jsonb,
+           CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END
+      FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, visible_after, created_at
+    RETURNING id, queue, visible_after, created_at, max_attempts
 )
-SELECT inserted.id, inserted.visible_after, inserted.created_at,
+SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_attempts,
        CASE WHEN inserted.visible_after <= clock.now
             THEN pg_notify('pgqueue', inserted.queue) END AS notified
   FROM inserted, clock;
@@ -26,49 +33,74 @@ SELECT inserted.id, inserted.visible_after, inserted.created_at,
 -- name: task_insert_plain
 -- One task without an idempotency key: nothing can conflict, so a plain INSERT (no CTE, no
 -- ON CONFLICT arbiter) does it, about a sixth cheaper than task_insert. Wakes idle workers on
--- commit, as task_insert does.
+-- commit, as task_insert does. The retry policy, field by field: the caller's, else the
+-- type's declaration (one primary-key read of pgqueue.task_types, in this statement: no round
+-- trip more), else the default. policy_default marks a task that got the default for want of
+-- both, so that the first claim after its type is declared applies the declaration.
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
-                           backoff_factor, backoff_cap, visible_after, created_at, trace_context)
-VALUES (%(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
-        %(backoff_base)s, %(backoff_factor)s, %(backoff_cap)s,
-        coalesce(%(run_at)s::timestamptz,
-                 coalesce(%(now)s::timestamptz, now()) + %(delay)s * interval '1 second'),
-        coalesce(%(now)s::timestamptz, now()), %(trace_context)s::jsonb)
-RETURNING visible_after, created_at,
+                           backoff_factor, backoff_cap, visible_after, created_at, trace_context,
+                           policy_default)
+SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
+       coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
+       coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
+       coalesce(%(backoff_factor)s::real, d.backoff_factor, %(default_backoff_factor)s),
+       coalesce(%(backoff_cap)s::real, d.backoff_cap, %(default_backoff_cap)s),
+       coalesce(%(run_at)s::timestamptz,
+                coalesce(%(now)s::timestamptz, now()) + %(delay)s * interval '1 second'),
+       coalesce(%(now)s::timestamptz, now()), %(trace_context)s::jsonb,
+       CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END
+  FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
+RETURNING visible_after, created_at, max_attempts,
           CASE WHEN visible_after <= created_at THEN pg_notify('pgqueue', queue) END AS notified;
 
 -- name: clock
 -- The transaction's time (or the tests' clock): what a bulk COPY stamps on its rows.
 SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 
+-- name: task_copy_clock
+-- A bulk COPY's time (as "clock") and the declarations of its types, in one round trip: COPY
+-- cannot read pgqueue.task_types, so the client applies them (the precedence of task_insert).
+SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+       (SELECT coalesce(jsonb_object_agg(type, jsonb_build_array(max_attempts, backoff_base,
+                                                                 backoff_factor, backoff_cap)),
+                        '{}'::jsonb)
+          FROM pgqueue.task_types WHERE type = ANY(%(types)s::text[])) AS declared;
+
 -- name: task_copy
 -- Bulk enqueue of tasks without idempotency keys (nothing can conflict): binary COPY, the
 -- server's fastest way in. Times come from the "clock" statement, so they are the server's.
 COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
-                    backoff_factor, backoff_cap, visible_after, created_at, trace_context)
+                    backoff_factor, backoff_cap, visible_after, created_at, trace_context,
+                    policy_default)
 FROM STDIN (FORMAT BINARY);
 
 -- name: task_insert_many
 -- Many tasks with idempotency keys in one statement (arrays, one element per task); taken
--- keys are skipped.
+-- keys are skipped. The retry policy as in task_insert (explicit: the caller gave one).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
-                           created_at, trace_context)
-SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority, v.max_attempts, v.backoff_base,
-       v.backoff_factor, v.backoff_cap, v.idempotency_key,
+                           created_at, trace_context, policy_default)
+SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
+       coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
+       coalesce(v.backoff_base, d.backoff_base, %(default_backoff_base)s),
+       coalesce(v.backoff_factor, d.backoff_factor, %(default_backoff_factor)s),
+       coalesce(v.backoff_cap, d.backoff_cap, %(default_backoff_cap)s),
+       v.idempotency_key,
        coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
-       %(trace_context)s::jsonb
+       %(trace_context)s::jsonb,
+       CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
               %(backoff_factors)s::real[], %(backoff_caps)s::real[],
               %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
-              %(delays)s::double precision[])
+              %(delays)s::double precision[], %(explicits)s::boolean[])
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
-            backoff_cap, idempotency_key, run_at, delay)
+            backoff_cap, idempotency_key, run_at, delay, explicit)
+       LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, visible_after, created_at;
+RETURNING id, visible_after, created_at, max_attempts;
 
 -- name: queue_notify
 -- Wake idle workers of these queues (once per queue, after a bulk insert).
@@ -156,7 +188,25 @@ UPDATE pgqueue.tasks AS t
        lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
        -- The claim's time: the owner's start mark (lease_starts_mark) says whether this
        -- claim's handlers started, should the lease be lost.
-       started_at = clock.now
+       started_at = clock.now,
+       -- A task enqueued before its type was declared takes the declaration now, so that the
+       -- handler, the logs and every reader see one max_attempts. CASE evaluates the lookups
+       -- only for such a task (policy_default): every other claim reads nothing more.
+       max_attempts = CASE WHEN t.policy_default THEN coalesce(
+           (SELECT d.max_attempts FROM pgqueue.task_types AS d WHERE d.type = t.type),
+           t.max_attempts) ELSE t.max_attempts END,
+       backoff_base = CASE WHEN t.policy_default THEN coalesce(
+           (SELECT d.backoff_base FROM pgqueue.task_types AS d WHERE d.type = t.type),
+           t.backoff_base) ELSE t.backoff_base END,
+       backoff_factor = CASE WHEN t.policy_default THEN coalesce(
+           (SELECT d.backoff_factor FROM pgqueue.task_types AS d WHERE d.type = t.type),
+           t.backoff_factor) ELSE t.backoff_factor END,
+       backoff_cap = CASE WHEN t.policy_default THEN coalesce(
+           (SELECT d.backoff_cap FROM pgqueue.task_types AS d WHERE d.type = t.type),
+           t.backoff_cap) ELSE t.backoff_cap END,
+       policy_default = CASE WHEN t.policy_default
+           AND EXISTS (SELECT FROM pgqueue.task_types AS d WHERE d.type = t.type)
+           THEN NULL ELSE t.policy_default END
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -284,7 +334,23 @@ claimed AS (
            lease_owner = %(owner)s,
            lease_token = gen_random_uuid(),
            lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
-           started_at = clock.now  -- the claim's time, as in task_claim
+           started_at = clock.now,  -- the claim's time, as in task_claim
+           -- The declaration of a task enqueued before it, as in task_claim.
+           max_attempts = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.max_attempts FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.max_attempts) ELSE t.max_attempts END,
+           backoff_base = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_base FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_base) ELSE t.backoff_base END,
+           backoff_factor = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_factor FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_factor) ELSE t.backoff_factor END,
+           backoff_cap = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_cap FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_cap) ELSE t.backoff_cap END,
+           policy_default = CASE WHEN t.policy_default
+               AND EXISTS (SELECT FROM pgqueue.task_types AS d WHERE d.type = t.type)
+               THEN NULL ELSE t.policy_default END
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
@@ -401,6 +467,8 @@ UPDATE pgqueue.tasks AS t
                                    pgqueue.retry_delay(t.attempts, p.base, p.factor, p.cap))
                                  * interval '1 second' END,
        finished_at = CASE WHEN p.next_status <> 'queued' THEN clock.now END,
+       -- A retry waits again, but its age keeps counting from when it first became ready.
+       ready_since = coalesce(t.ready_since, t.visible_after),
        max_attempts = p.max_attempts, backoff_base = p.base, backoff_factor = p.factor,
        backoff_cap = p.cap,
        last_error = left(%(error)s, 8000),
@@ -461,6 +529,7 @@ UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
        finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
        attempts = greatest(t.attempts - 1, 0), visible_after = clock.now,
+       ready_since = coalesce(t.ready_since, t.visible_after),  -- still waiting since then
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
@@ -500,6 +569,7 @@ UPDATE pgqueue.tasks AS t
                             ELSE clock.now + pgqueue.retry_delay(t.attempts, t.backoff_base,
                                    t.backoff_factor, t.backoff_cap) * interval '1 second' END,
        finished_at = CASE WHEN e.next_status <> 'queued' THEN clock.now END,
+       ready_since = coalesce(t.ready_since, t.visible_after),  -- its wait began then
        -- A claim that never started leaves the task as it was: no attempt, no error.
        last_error = CASE WHEN e.never_started THEN t.last_error
            ELSE format('lease expired on attempt %%s of %%s: worker %%s stopped renewing it '
@@ -539,10 +609,20 @@ picked AS (
 )
 UPDATE pgqueue.tasks AS t
    SET status = 'queued', attempts = 0, visible_after = clock.now, finished_at = NULL,
-       started_at = NULL, result = NULL, cancel_requested = false
+       started_at = NULL, result = NULL, cancel_requested = false,
+       ready_since = NULL  -- a replay is a new wait, which starts now
   FROM picked, clock
  WHERE t.id = picked.id
 RETURNING t.id, t.queue;
+
+-- name: task_dead_count
+-- How many dead letters a bulk replay or discard by this filter would take, said before it
+-- is confirmed (the dashboard asks "replay 142 tasks?"); read from tasks_retention_idx's
+-- range for status 'failed' (and the queue, when given).
+SELECT count(*) AS count FROM pgqueue.tasks
+ WHERE status = 'failed'
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s);
 
 -- name: task_discard
 -- Delete dead letters, by id or by filter, one batch at a time.
@@ -560,8 +640,9 @@ RETURNING t.id;
 
 -- name: task_promote
 -- The starvation policy: a queued task that has been ready for `after_seconds` moves up one
--- priority (low to normal, normal to high) and its ready time restarts, so it climbs one level
--- per period; once high, it is older than the high tasks behind it and goes first (FIFO). Each
+-- priority (low to normal, normal to high) and its promotion clock (visible_after) restarts,
+-- so it climbs one level per period, while ready_since keeps when it first became ready (the
+-- age every reader shows) and submitted_priority the priority it was submitted with; once high, it is older than the high tasks behind it and goes first (FIFO). Each
 -- queue (found by a loose walk of the claim index) and level is read by its own range of the
 -- claim index: (queue, priority, created_at), bounded by the cutoff, since a task is never
 -- ready before it was created. Running and scheduled tasks are left alone.
@@ -591,7 +672,9 @@ aged AS (
      LIMIT %(limit)s
 )
 UPDATE pgqueue.tasks AS t
-   SET priority = t.priority - 1, visible_after = clock.now
+   SET priority = t.priority - 1, visible_after = clock.now,
+       ready_since = coalesce(t.ready_since, t.visible_after),
+       submitted_priority = coalesce(t.submitted_priority, t.priority)
   FROM aged, clock
  WHERE t.id = aged.id
 RETURNING t.id, t.queue, t.type, t.priority;
@@ -649,30 +732,76 @@ RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retenti
 
 -- name: queue_resume
 -- Resume a queue and wake idle workers at once (on commit), instead of at their next poll.
+-- A queue without a settings row is not paused: nothing to write (resuming a typo must not
+-- leave a row behind).
 WITH resumed AS (
-    INSERT INTO pgqueue.queues AS q (name, paused, paused_at, updated_at)
-    VALUES (%(name)s, false, NULL, coalesce(%(now)s::timestamptz, now()))
-    ON CONFLICT (name) DO UPDATE
-       SET paused = false, paused_at = NULL, updated_at = excluded.updated_at
+    UPDATE pgqueue.queues
+       SET paused = false, paused_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+     WHERE name = %(name)s
     RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retention
 )
 SELECT resumed.*, pg_notify('pgqueue', resumed.name) IS NULL AS notified FROM resumed;
 
+-- name: queue_remove
+-- Forget a queue's settings row: a paused queue runs again (idle workers are woken on
+-- commit), its retention is the workers' default again. Its tasks are not touched.
+WITH removed AS (
+    DELETE FROM pgqueue.queues WHERE name = %(name)s RETURNING name, paused
+)
+SELECT removed.name,
+       (SELECT pg_notify('pgqueue', removed.name) WHERE removed.paused) IS NULL AS notified
+  FROM removed;
+
+-- name: queue_known
+-- Whether a queue exists for pgqueue: it has a settings row or any task. Each probe reads
+-- one index (the claim index, the running tasks', the retention index), never the table.
+SELECT EXISTS (SELECT 1 FROM pgqueue.queues WHERE name = %(name)s)
+    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'queued' AND queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'running' AND queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM pgqueue.tasks
+                WHERE status IN ('completed', 'failed', 'cancelled') AND queue = %(name)s)
+       AS known;
+
 -- name: queue_list
--- Every queue with unfinished tasks or a setting, and whether it is paused (stats and every
--- /metrics scrape ask). The queues of the backlog come from a loose walk of the claim index,
--- one probe per queue, not from reading every queued task; running tasks are few (as many
--- as the workers' slots). Finished tasks are left out: they would mean the whole table.
+-- Every queue with tasks (in any status) or a setting, and whether it is paused (stats and
+-- every /metrics scrape ask). The queues come from loose walks of the claim index and of the
+-- retention index (one per finished status, each a literal the partial index's predicate is
+-- proved by), one probe per queue each, not from reading the tasks; running tasks are few
+-- (as many as the workers' slots).
 WITH RECURSIVE backlog AS (
     SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
     UNION ALL
     SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued' AND queue > b.name)
       FROM backlog AS b
      WHERE b.name IS NOT NULL
+),
+completed AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed' AND queue > c.name)
+      FROM completed AS c
+     WHERE c.name IS NOT NULL
+),
+failed AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'failed' AND queue > f.name)
+      FROM failed AS f
+     WHERE f.name IS NOT NULL
+),
+cancelled AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'cancelled') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'cancelled' AND queue > c.name)
+      FROM cancelled AS c
+     WHERE c.name IS NOT NULL
 )
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at,
        q.completed_retention, q.dead_retention
   FROM (SELECT name FROM backlog WHERE name IS NOT NULL
+        UNION SELECT name FROM completed WHERE name IS NOT NULL
+        UNION SELECT name FROM failed WHERE name IS NOT NULL
+        UNION SELECT name FROM cancelled WHERE name IS NOT NULL
         UNION SELECT queue FROM pgqueue.tasks WHERE status = 'running'
         UNION SELECT name FROM pgqueue.queues) AS n
   LEFT JOIN pgqueue.queues AS q USING (name)
@@ -737,6 +866,30 @@ ON CONFLICT (name) DO UPDATE
    SET cron = excluded.cron, timezone = excluded.timezone, type = excluded.type,
        queue = excluded.queue, updated_at = excluded.updated_at
 RETURNING s.last_tick;
+
+-- name: task_types_declare
+-- A worker's registry, recorded at its start (before its first claim): each handler's type
+-- with its retry policy (NULLs: none declared), what enqueue reads when the caller gives no
+-- policy. The latest worker to start wins, as for schedules; an unchanged row is not written.
+INSERT INTO pgqueue.task_types AS d (type, max_attempts, backoff_base, backoff_factor,
+                                     backoff_cap, declared_by, updated_at)
+SELECT v.type, v.max_attempts, v.base, v.factor, v.cap, %(owner)s,
+       coalesce(%(now)s::timestamptz, now())
+  FROM unnest(%(types)s::text[], %(max_attempts)s::integer[], %(bases)s::real[],
+              %(factors)s::real[], %(caps)s::real[]) AS v(type, max_attempts, base, factor, cap)
+ON CONFLICT (type) DO UPDATE
+   SET max_attempts = excluded.max_attempts, backoff_base = excluded.backoff_base,
+       backoff_factor = excluded.backoff_factor, backoff_cap = excluded.backoff_cap,
+       declared_by = excluded.declared_by, updated_at = excluded.updated_at
+ WHERE (d.max_attempts, d.backoff_base, d.backoff_factor, d.backoff_cap)
+       IS DISTINCT FROM (excluded.max_attempts, excluded.backoff_base,
+                         excluded.backoff_factor, excluded.backoff_cap);
+
+-- name: task_types_list
+-- The declared task types, for `pgqueue types`-like readers and tests.
+SELECT type, max_attempts, backoff_base, backoff_factor, backoff_cap, declared_by, updated_at
+  FROM pgqueue.task_types
+ ORDER BY type;
 
 -- name: schedule_advance
 -- Move the fence on, in the transaction that enqueued the ticks.

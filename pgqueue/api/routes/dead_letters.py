@@ -10,7 +10,16 @@ from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.pagination import task_page
 from pgqueue.api.routes import V1
-from pgqueue.api.schemas import BulkOut, Cursor, DeadLetterFilter, Limit, Name, TaskOut, TaskPage
+from pgqueue.api.schemas import (
+    BulkOut,
+    Cursor,
+    DeadLetterCount,
+    DeadLetterFilter,
+    Limit,
+    Name,
+    TaskOut,
+    TaskPage,
+)
 from pgqueue.errors import InvalidTaskState, ValidationError
 from pgqueue.models import TaskStatus
 
@@ -27,6 +36,16 @@ async def list_dead_letters(
 ) -> TaskPage:
     """The dead-letter queue (status ``failed``), newest first."""
     return await task_page(state, TaskStatus.FAILED, type, queue, limit, cursor)
+
+
+@router.get("/dead-letters/count", response_model=DeadLetterCount, responses=responses(*COMMON))
+async def count_dead_letters(
+    state: AppState, type: Name = None, queue: Name = None
+) -> DeadLetterCount:
+    """How many dead letters match the filter (none: all of them), so that a bulk replay or
+    discard can name its count before it is confirmed."""
+    async with state.connection() as conn:
+        return DeadLetterCount(count=await aio.count_dead_letters(conn, type=type, queue=queue))
 
 
 @router.post(
