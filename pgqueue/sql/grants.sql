@@ -43,6 +43,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.limits TO :"app_role";
 -- marks of stopped workers.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.lease_starts TO :"app_role";
 
+-- Declared task types. INSERT and UPDATE: a worker records its registry's types at start (an
+-- upsert). SELECT: every enqueue reads its type's declaration; claims read it for a task
+-- enqueued before the declaration. Not DELETE.
+GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.task_types TO :"app_role";
+
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0006_lease_starts
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0007_task_types
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -67,6 +67,20 @@ ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_name_check CHECK (((lengt
 ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 CREATE UNIQUE INDEX schedules_pkey ON pgqueue.schedules USING btree (name);
 
+CREATE TABLE pgqueue.task_types (
+    type text NOT NULL,
+    max_attempts integer,
+    backoff_base real,
+    backoff_factor real,
+    backoff_cap real,
+    declared_by text NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
+ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_max_attempts_check CHECK ((max_attempts >= 1));
+ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_pkey PRIMARY KEY (type);
+CREATE UNIQUE INDEX task_types_pkey ON pgqueue.task_types USING btree (type);
+
 CREATE TABLE pgqueue.tasks (
     id uuid NOT NULL DEFAULT gen_random_uuid(),
     queue text NOT NULL DEFAULT 'default'::text,
@@ -90,7 +104,10 @@ CREATE TABLE pgqueue.tasks (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    trace_context jsonb
+    trace_context jsonb,
+    ready_since timestamp with time zone,
+    submitted_priority smallint,
+    policy_default boolean
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -109,7 +126,7 @@ CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
 
--- pgqueue.backlog reads pgqueue.tasks: priority, queue, status, visible_after
+-- pgqueue.backlog reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.backlog (
     queue text,
     priority text,
@@ -123,18 +140,20 @@ CREATE VIEW pgqueue.backlog (
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS ready,
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after > now()) AS scheduled,
     count(*) FILTER (WHERE status = 'running'::text) AS running,
-    now() - min(visible_after) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
+    now() - min(COALESCE(ready_since, visible_after)) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
    FROM ( SELECT queue,
             priority,
             status,
-            visible_after
+            visible_after,
+            ready_since
            FROM pgqueue.tasks
           WHERE status = 'queued'::text
         UNION ALL
          SELECT queue,
             priority,
             status,
-            visible_after
+            visible_after,
+            ready_since
            FROM pgqueue.tasks
           WHERE status = 'running'::text) t
   GROUP BY queue, priority;
@@ -167,7 +186,7 @@ CREATE VIEW pgqueue.dead_letters (
    FROM pgqueue.tasks
   WHERE status = 'failed'::text;
 
--- pgqueue.queue_depth reads pgqueue.tasks: priority, queue, status, visible_after
+-- pgqueue.queue_depth reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.queue_depth (
     queue text,
     priority text,
@@ -183,7 +202,7 @@ CREATE VIEW pgqueue.queue_depth (
     count(*) AS tasks,
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS ready,
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after > now()) AS scheduled,
-    now() - min(visible_after) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
+    now() - min(COALESCE(ready_since, visible_after)) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
    FROM pgqueue.tasks
   GROUP BY queue, priority, status;
 
