@@ -20,11 +20,11 @@ from typing import Any
 from pgqueue import config
 from pgqueue.errors import InvalidPayload, PayloadTooLarge, ValidationError
 from pgqueue.models import Priority, RetryPolicy
+from pgqueue.queries import DEFAULT_RETRY as DEFAULT_RETRY  # its home before task types
 from pgqueue.queries import TaskSpec
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600
-DEFAULT_RETRY = RetryPolicy()
 
 
 _id_lock = threading.Lock()
@@ -198,9 +198,11 @@ def prepare(
         if delay > MAX_DELAY_SECONDS:
             raise ValidationError("delay", f"must be at most {MAX_DELAY_SECONDS} s (10 years)")
         delay_seconds = float(delay)
-    policy = retry or DEFAULT_RETRY
+    # Only what the caller gave: the insert fills the rest from the type's declaration, else
+    # the default (per call > declared > default, field by field; see task_insert).
+    attempts: int | None = retry.max_attempts if retry else None
     if max_attempts is not None:
-        policy = RetryPolicy(max_attempts, policy.base, policy.factor, policy.cap)
+        attempts = RetryPolicy(max_attempts).max_attempts  # validated as a policy would be
     return TaskSpec(
         id=new_task_id(),
         type=type,
@@ -208,10 +210,10 @@ def prepare(
         payload_json=payload_json,
         priority=prio,
         queue=queue,
-        max_attempts=policy.max_attempts,
-        backoff_base=float(policy.base),
-        backoff_factor=float(policy.factor),
-        backoff_cap=float(policy.cap),
+        max_attempts=attempts,
+        backoff_base=float(retry.base) if retry else None,
+        backoff_factor=float(retry.factor) if retry else None,
+        backoff_cap=float(retry.cap) if retry else None,
         idempotency_key=idempotency_key,
         run_at=run_at,
         delay_seconds=delay_seconds,

@@ -1,6 +1,7 @@
 """The task and its vocabulary: statuses, priorities, retry policy and outcomes.
 
-This module imports nothing else from pgqueue except errors; everything else builds on it.
+This module imports nothing else from pgqueue except errors and error_text; everything else
+builds on it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pgqueue.error_text import ErrorText, split_error
 from pgqueue.errors import InvalidPriority, ValidationError
 
 MAX_ATTEMPTS = 1_000_000
@@ -142,6 +144,12 @@ class Task:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # The priority the task was submitted with when the starvation policy has since promoted
+    # it (priority is then the current one); None while never promoted.
+    submitted_priority: Priority | None = None
+    # When the task first became ready: a promotion, a retry or a release moves visible_after
+    # but not this (a replay starts a new wait). The age of waiting work counts from it.
+    ready_since: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -164,10 +172,22 @@ class Task:
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            submitted_priority=(
+                None
+                if row.get("submitted_priority") is None
+                else Priority(row["submitted_priority"])
+            ),
+            ready_since=row.get("ready_since") or row["visible_after"],
         )
 
+    @property
+    def error(self) -> ErrorText | None:
+        """The last error split into its summary (the exception) and its traceback."""
+        return None if self.last_error is None else split_error(self.last_error)
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (ids and times as strings, priority and status by name)."""
+        """A JSON-ready dict (ids and times as strings, priority and status by name), with the
+        last error's summary and traceback beside it (``last_error_summary``, ``_traceback``)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -180,6 +200,9 @@ class Task:
             elif isinstance(value, TaskStatus):
                 value = value.value
             out["task_id" if f.name == "id" else f.name] = value
+        error = self.error
+        out["last_error_summary"] = None if error is None else error.summary
+        out["last_error_traceback"] = None if error is None else error.traceback
         return out
 
 
@@ -386,3 +409,8 @@ class Failure:
     started_at: datetime | None  # when the failed attempt started
     retry_at: datetime | None
     finished_at: datetime | None
+
+    @property
+    def error(self) -> ErrorText | None:
+        """The last error split into its summary (the exception) and its traceback."""
+        return None if self.last_error is None else split_error(self.last_error)

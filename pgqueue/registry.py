@@ -65,9 +65,11 @@ class TaskRegistry:
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of ``type``.
 
-        ``max_attempts``/``retry`` set the type's retry policy; it applies to every task of
-        the type, however it was submitted (library, CLI or HTTP). ``timeout`` (seconds) fails
-        an attempt that runs longer.
+        ``max_attempts``/``retry`` set the type's retry policy. A worker records it in the
+        database at start (pgqueue.task_types), so it applies to every task of the type
+        submitted without a policy of its own, however it was submitted (library, CLI or
+        HTTP), and is what status, list and the logs show. ``timeout`` (seconds) fails an
+        attempt that runs longer.
         """
         check_name("type", type)
         if timeout is not None and timeout <= 0:
@@ -97,6 +99,11 @@ class TaskRegistry:
     @property
     def types(self) -> list[str]:
         return sorted(self._handlers)
+
+    def declarations(self) -> list[tuple[str, RetryPolicy | None]]:
+        """Each type with its retry policy (None: none declared): what a worker records in
+        pgqueue.task_types at start, for enqueue to apply wherever a task is submitted."""
+        return [(t, self._handlers[t].retry) for t in self.types]
 
     def enqueue_options(self, type: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """Enqueue options with the type's retry policy filled in where the caller gave none."""

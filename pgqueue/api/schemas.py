@@ -61,7 +61,13 @@ class SubmitTask(BaseModel):
     # integer (not "3", 2.0 or true).
     run_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = None
     delay_seconds: Annotated[float, Strict()] | None = Field(None, ge=0, le=MAX_DELAY_SECONDS)
-    max_attempts: Annotated[int, Strict()] | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    max_attempts: Annotated[int, Strict()] | None = Field(
+        None,
+        ge=1,
+        le=MAX_ATTEMPTS,
+        description="Attempts before dead-lettering; null: the type's declaration (recorded by "
+        "workers at start), else 3.",
+    )
 
 
 class TaskOut(BaseModel):

@@ -12,7 +12,7 @@ from pgqueue import operations as ops
 from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
 from pgqueue.cli.database import connection
 from pgqueue.cli.errors import UsageProblem
-from pgqueue.cli.output import emit, more_hint
+from pgqueue.cli.output import emit, error_lines, more_hint
 from pgqueue.cli.parsing import parse_count, parse_payload, parse_time
 from pgqueue.config import DEFAULT_QUEUE
 from pgqueue.errors import ValidationError
@@ -41,7 +41,7 @@ def describe(task: Task) -> str:
         ("id", str(task.id)),
         ("type", task.type),
         ("queue", task.queue),
-        ("priority", task.priority.label),
+        ("priority", priority_text(task)),
         ("status", status),
         ("attempts", f"{task.attempts}/{task.max_attempts}"),
     ]
@@ -50,17 +50,28 @@ def describe(task: Task) -> str:
     pairs += [
         ("payload", _json_text(task.payload, 1000)),
         ("result", MISSING if task.result is None else _json_text(task.result, 1000)),
-        ("last error", task.last_error or MISSING),
+        *error_lines(task),
         ("created", timestamp(task.created_at)),
     ]
     if task.status is TaskStatus.QUEUED:
         pairs.append(("run at", timestamp(task.visible_after)))
+        if task.ready_since is not None and task.ready_since < task.visible_after:
+            # Promoted or retried: its wait (the age stats report) began before its run time.
+            pairs.append(("ready since", timestamp(task.ready_since)))
     pairs += [("started", timestamp(task.started_at)), ("finished", timestamp(task.finished_at))]
     if task.status is TaskStatus.RUNNING:
         pairs.append(
             ("lease", f"{task.lease_owner or '?'} until {timestamp(task.lease_expires_at)}")
         )
     return key_values(pairs)
+
+
+def priority_text(task: Task) -> str:
+    """The current priority, and the submitted one when the starvation policy promoted it:
+    an operator must not mistake a promoted low task for one submitted high."""
+    if task.submitted_priority is None or task.submitted_priority is task.priority:
+        return task.priority.label
+    return f"{task.priority.label} (submitted {task.submitted_priority.label})"
 
 
 def task_table(tasks: Sequence[Task]) -> str:
@@ -71,7 +82,7 @@ def task_table(tasks: Sequence[Task]) -> str:
                 str(t.id),
                 t.type,
                 t.queue,
-                t.priority.label,
+                priority_text(t),
                 t.status.value,
                 f"{t.attempts}/{t.max_attempts}",
                 t.created_at,
@@ -120,7 +131,11 @@ def enqueue(
     ] = None,
     max_attempts: Annotated[
         str | None,
-        typer.Option("--max-attempts", metavar="N", help="Attempts before dead-lettering (3)."),
+        typer.Option(
+            "--max-attempts",
+            metavar="N",
+            help="Attempts before dead-lettering (default: the type's declaration, else 3).",
+        ),
     ] = None,
 ) -> None:
     """Submit a task."""

@@ -25,7 +25,8 @@
     seriesFullAt: 0,
     seriesAt: 0,
     noticeTimer: null,
-    armed: new Map(), // discard buttons waiting for their confirming click
+    back: [], // the cursors of the pages before this one (keyset paging: no offsets)
+    backKey: "", // the view and filter those cursors belong to
     updatedAt: null, // when the last refresh succeeded
   };
 
@@ -146,6 +147,7 @@
   async function api(path, options = {}) {
     const headers = { Accept: "application/json" };
     if (state.token) headers.Authorization = `Bearer ${state.token}`;
+    if (options.body !== undefined) headers["Content-Type"] = "application/json";
     let response;
     try {
       response = await fetch(new URL(path, API), {
@@ -175,9 +177,12 @@
 
   function route() {
     const hash = location.hash.replace(/^#/, "") || "/";
-    const match = hash.match(/^\/tasks\/([^/]+)$/);
+    const match = hash.match(/^\/tasks\/([^/?]+)$/);
     if (match) return { view: "task", id: decodeURIComponent(match[1]) };
-    if (hash === "/dead-letters") return { view: "dead-letters" };
+    const [path, query] = hash.split("?");
+    const params = new URLSearchParams(query || "");
+    if (path === "/dead-letters") return { view: "dead-letters", params };
+    if (path === "/tasks" || path === "/tasks/") return { view: "tasks", params };
     return { view: "overview" };
   }
 
@@ -185,7 +190,7 @@
     $("login").hidden = true;
     $("nav").hidden = false;
     $("forget").hidden = !state.token;
-    for (const name of ["overview", "dead-letters", "task"]) {
+    for (const name of ["overview", "tasks", "dead-letters", "task"]) {
       $(`view-${name}`).hidden = name !== view;
     }
     for (const link of document.querySelectorAll("#nav a")) {
@@ -195,10 +200,10 @@
   }
 
   function clearData() {
-    for (const id of ["cards", "queues", "chart", "running", "failures", "dead-letters", "task"]) {
+    for (const id of ["cards", "queues", "chart", "running", "failures", "tasks", "tasks-pager", "dead-letters", "dlq-pager", "task"]) {
       $(id).replaceChildren();
     }
-    for (const id of ["chart-summary", "running-summary", "dlq-summary", "dlq-count"]) {
+    for (const id of ["chart-summary", "running-summary", "tasks-summary", "dlq-summary", "dlq-count"]) {
       $(id).textContent = "";
     }
     state.series = [];
@@ -210,7 +215,7 @@
     state.token = null;
     sessionStorage.removeItem(TOKEN_KEY);
     clearData();
-    for (const name of ["overview", "dead-letters", "task"]) $(`view-${name}`).hidden = true;
+    for (const name of ["overview", "tasks", "dead-letters", "task"]) $(`view-${name}`).hidden = true;
     $("nav").hidden = true;
     $("forget").hidden = true;
     hideBanner();
@@ -247,7 +252,8 @@
     const current = route();
     try {
       if (current.view === "overview") await loadOverview();
-      else if (current.view === "dead-letters") await loadDeadLetters();
+      else if (current.view === "dead-letters") await loadDeadLetters(current.params);
+      else if (current.view === "tasks") await loadTasks(current.params);
       else await loadTask(current.id);
     } catch (err) {
       if (err instanceof HttpError && err.status === 401) {
@@ -280,14 +286,18 @@
     $("banner").textContent = "";
   }
 
-  function notify(text) {
+  function notify(text, failed = false) {
+    // What an action did stays long enough to be read; a refusal stays until the next one.
     const notice = $("notice");
     notice.textContent = text;
+    notice.classList.toggle("failed", failed);
     notice.hidden = false;
     clearTimeout(state.noticeTimer);
-    state.noticeTimer = setTimeout(() => {
-      notice.hidden = true;
-    }, 6000);
+    if (!failed) {
+      state.noticeTimer = setTimeout(() => {
+        notice.hidden = true;
+      }, 15000);
+    }
   }
 
   // --- the overview ----------------------------------------------------------------------------
@@ -432,6 +442,10 @@
           count("failed", c.statuses.failed),
           el("td", { class: "num", "data-col": "oldest" }, c.oldest === null ? "—" : duration(c.oldest)),
         );
+        if (i === 0) {
+          const waiting = [...groups.get(name).values()].reduce((n, p) => n + (p.statuses.queued || 0), 0);
+          cells.push(el("td", { rowspan: entries.length, class: "actions" }, queueButton(name, paused.has(name), waiting)));
+        }
         rows.push(
           el(
             "tr",
@@ -449,6 +463,7 @@
       { label: "Running", cls: "num" },
       { label: "Dead letters", cls: "num" },
       { label: "Oldest waiting", cls: "num" },
+      { label: "" },
     ];
     fill($("queues"), table(columns, rows, "No tasks in any queue."));
   }
@@ -580,8 +595,26 @@
     fill($("running"), table(columns, rows, "Nothing is running."));
   }
 
-  function errorCell(text) {
-    return el("td", { class: "error-cell", "data-col": "error" }, el("pre", { class: "error-text", title: text ?? "" }, clip(text ?? "—", 400)));
+  // An error as the API splits it (pgqueue.error_text): the exception's type and message
+  // first, since that is what a list of failures is scanned for; the traceback on demand.
+  function traceback(text, full) {
+    if (!text) return null;
+    return el(
+      "details",
+      { class: "traceback", "data-field": "traceback" },
+      el("summary", {}, "Traceback"),
+      el("pre", { class: `error-text traceback-text${full ? " full" : ""}` }, text),
+    );
+  }
+
+  function errorCell(item) {
+    const summary = item.last_error_summary ?? item.last_error;
+    return el(
+      "td",
+      { class: "error-cell", "data-col": "error" },
+      el("pre", { class: "error-text", "data-field": "error-summary", title: summary ?? "" }, clip(summary ?? "—", 400)),
+      traceback(item.last_error_traceback, false),
+    );
   }
 
   function renderFailures(body) {
@@ -599,7 +632,7 @@
           dead ? badge("failed") : el("span", { class: "badge retrying" }, "retrying"),
           el("span", { class: "muted" }, dead ? ` ${when(f.finished_at)}` : ` next ${relative(f.retry_at)}`),
         ),
-        errorCell(f.last_error),
+        errorCell(f),
       );
     const rows = [...body.retrying.map((f) => row(f, false)), ...body.dead.map((f) => row(f, true))];
     const columns = [
@@ -619,13 +652,211 @@
     return dead;
   }
 
+  // --- confirming and doing an action ------------------------------------------------------------
+
+  // Every action asks first, in one dialog that names what it will do and to how many tasks;
+  // every action then goes to the same API endpoint the CLI's HTTP users call, and says what
+  // happened. Resolves true only on the confirming button.
+  function confirmAction(title, text, okLabel, danger) {
+    const dialog = $("confirm");
+    $("confirm-title").textContent = title;
+    $("confirm-text").textContent = text;
+    const ok = $("confirm-ok");
+    ok.textContent = okLabel;
+    ok.className = danger ? "danger armed" : "primary";
+    return new Promise((resolve) => {
+      const done = (answer) => {
+        ok.onclick = null;
+        $("confirm-cancel").onclick = null;
+        dialog.oncancel = null;
+        if (dialog.open) dialog.close();
+        resolve(answer);
+      };
+      ok.onclick = () => done(true);
+      $("confirm-cancel").onclick = () => done(false);
+      dialog.oncancel = () => done(false); // Escape
+      dialog.showModal();
+      $("confirm-cancel").focus(); // Enter at 3 a.m. should not delete anything
+    });
+  }
+
+  async function perform(what, request) {
+    try {
+      const result = await request();
+      return result;
+    } catch (err) {
+      if (err instanceof HttpError && err.status === 401) {
+        askForToken("That token was refused.");
+        return null;
+      }
+      notify(`Could not ${what}: ${err.message}`, true);
+      return null;
+    } finally {
+      refresh();
+    }
+  }
+
+  const plural = (n, one, many) => `${number(n)} ${n === 1 ? one : many}`;
+  const describeTask = (t) => `task ${shortId(t.task_id)} (${t.type}, queue ${t.queue})`;
+
+  // --- paging: keyset cursors in the address, the way back kept in the tab -----------------------
+
+  function pager(container, view, params, nextCursor) {
+    const key = `${view}?${filterQuery(params)}`;
+    if (state.backKey !== key) {
+      state.backKey = key;
+      state.back = [];
+    }
+    const go = (cursor) => {
+      const query = new URLSearchParams(filterQuery(params));
+      if (cursor) query.set("cursor", cursor);
+      const text = query.toString();
+      location.hash = `#/${view}${text ? `?${text}` : ""}`;
+    };
+    const here = params.get("cursor") || "";
+    const buttons = [];
+    if (here) {
+      buttons.push(el("button", { type: "button", "data-page": "newest", onclick: () => { state.back = []; go(""); } }, "« Newest"));
+      buttons.push(
+        el("button", { type: "button", "data-page": "previous", onclick: () => go(state.back.pop() || "") }, "‹ Previous"),
+      );
+    }
+    if (nextCursor) {
+      buttons.push(el("button", { type: "button", "data-page": "next", onclick: () => { state.back.push(here); go(nextCursor); } }, "Next ›"));
+    }
+    fill(container, buttons);
+    // Pages before this one; null for a page opened by its address, whose place is unknown.
+    if (here && !state.back.length) return null;
+    return state.back.length;
+  }
+
+  function filterQuery(params) {
+    const query = new URLSearchParams();
+    for (const key of ["type", "queue", "status"]) {
+      const value = (params.get(key) || "").trim();
+      if (value) query.set(key, value);
+    }
+    return query.toString();
+  }
+
+  function fillFilter(form, params) {
+    // Not while the operator is typing in it: the refresh every few seconds would undo that.
+    if (form.contains(document.activeElement)) return;
+    for (const input of form.querySelectorAll("input, select")) input.value = params.get(input.name) || "";
+  }
+
+  function onFilter(form, view) {
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const query = filterQuery(new URLSearchParams(new FormData(form)));
+      document.activeElement?.blur();
+      location.hash = `#/${view}${query ? `?${query}` : ""}`;
+    });
+    form.addEventListener("reset", (event) => {
+      event.preventDefault();
+      document.activeElement?.blur();
+      location.hash = `#/${view}`;
+    });
+  }
+
+  function refused(container, err) {
+    // A filter the API refuses (an unknown status, a name too long): its message, not a banner
+    // that retries every few seconds.
+    if (err instanceof HttpError && (err.status === 400 || err.status === 422)) {
+      fill(container, el("p", { class: "error", "data-field": "filter-error" }, `That filter was refused: ${err.message.replace(/^HTTP \d+: /, "")}`));
+      return true;
+    }
+    return false;
+  }
+
+  const PAGE = 100;
+  const span = (first, count) => (first === null ? `${number(count)} after earlier pages` : `${number(first)} to ${number(first + count - 1)}`);
+
+  // --- all tasks, by filter --------------------------------------------------------------------------
+
+  async function loadTasks(params) {
+    fillFilter($("tasks-filter"), params);
+    const query = new URLSearchParams(filterQuery(params));
+    query.set("limit", String(PAGE));
+    if (params.get("cursor")) query.set("cursor", params.get("cursor"));
+    let page;
+    try {
+      page = await api(`tasks?${query}`);
+    } catch (err) {
+      if (!refused($("tasks"), err)) throw err;
+      fill($("tasks-pager"));
+      $("tasks-summary").textContent = "";
+      return;
+    }
+    const before = pager($("tasks-pager"), "tasks", params, page.next_cursor);
+    const first = before === null ? null : before * PAGE + 1;
+    $("tasks-summary").textContent = page.items.length
+      ? `${span(first, page.items.length)}, newest first${page.next_cursor ? "" : " (the last page)"}`
+      : "";
+    const rows = page.items.map((t) =>
+      el(
+        "tr",
+        { "data-task-id": t.task_id },
+        el("td", {}, taskLink(t.task_id)),
+        el("td", { "data-col": "type" }, t.type),
+        el("td", { "data-col": "queue" }, t.queue),
+        el("td", { "data-col": "status" }, badge(t.status)),
+        el("td", { "data-col": "priority" }, t.priority),
+        el("td", { class: "num", "data-col": "attempt" }, `${t.attempts} / ${t.max_attempts}`),
+        el("td", { "data-col": "created" }, when(t.created_at)),
+      ),
+    );
+    const columns = [
+      { label: "Task" },
+      { label: "Type" },
+      { label: "Queue" },
+      { label: "Status" },
+      { label: "Priority" },
+      { label: "Attempts", cls: "num" },
+      { label: "Created" },
+    ];
+    fill($("tasks"), table(columns, rows, "No task matches this filter."));
+  }
+
   // --- the dead-letter queue ---------------------------------------------------------------------
 
-  async function loadDeadLetters() {
-    const [stats, page] = await Promise.all([api("stats"), api("dead-letters?limit=100")]);
-    const dead = renderDeadLetterCount(stats);
-    $("dlq-summary").textContent =
-      page.items.length < dead ? `the newest ${page.items.length} of ${number(dead)}` : `${number(dead)} task${dead === 1 ? "" : "s"}`;
+  function selectionText(type, queue) {
+    if (type && queue) return ` of type ${type} in queue ${queue}`;
+    if (type) return ` of type ${type}`;
+    if (queue) return ` in queue ${queue}`;
+    return "";
+  }
+
+  async function loadDeadLetters(params) {
+    fillFilter($("dlq-filter"), params);
+    const type = (params.get("type") || "").trim();
+    const queue = (params.get("queue") || "").trim();
+    const filter = new URLSearchParams(filterQuery(new URLSearchParams({ type, queue })));
+    const query = new URLSearchParams(filter);
+    query.set("limit", String(PAGE));
+    if (params.get("cursor")) query.set("cursor", params.get("cursor"));
+    let stats, page, counted;
+    try {
+      [stats, page, counted] = await Promise.all([api("stats"), api(`dead-letters?${query}`), api(`dead-letters/count?${filter}`)]);
+    } catch (err) {
+      if (!refused($("dead-letters"), err)) throw err;
+      fill($("dlq-pager"));
+      return;
+    }
+    renderDeadLetterCount(stats);
+    const matching = counted.count;
+    const before = pager($("dlq-pager"), "dead-letters", params, page.next_cursor);
+    const first = before === null ? null : before * PAGE + 1;
+    const which = selectionText(type, queue);
+    $("dlq-summary").textContent = page.items.length
+      ? `${span(first, page.items.length)} of ${plural(matching, "dead letter", "dead letters")}${which}`
+      : `${plural(matching, "dead letter", "dead letters")}${which}`;
+    for (const [id, action] of [["dlq-replay-all", "replay"], ["dlq-discard-all", "discard"]]) {
+      const button = $(id);
+      button.disabled = matching === 0;
+      button.textContent = `${action === "replay" ? "Replay" : "Discard"} ${matching === 0 ? "all" : `all ${number(matching)}`}…`;
+      button.onclick = () => bulk(action, type, queue, matching);
+    }
     const rows = page.items.map((t) =>
       el(
         "tr",
@@ -635,8 +866,8 @@
         el("td", { "data-col": "queue" }, t.queue),
         el("td", { class: "num", "data-col": "attempt" }, `${t.attempts} / ${t.max_attempts}`),
         el("td", { "data-col": "finished" }, when(t.finished_at)),
-        errorCell(t.last_error),
-        el("td", { class: "actions" }, actionButtons(t.task_id)),
+        errorCell(t),
+        el("td", { class: "actions" }, actionButtons(t)),
       ),
     );
     const columns = [
@@ -648,59 +879,96 @@
       { label: "Last error" },
       { label: "" },
     ];
-    fill($("dead-letters"), table(columns, rows, "The dead-letter queue is empty."));
+    fill($("dead-letters"), table(columns, rows, which ? "No dead letter matches this filter." : "The dead-letter queue is empty."));
   }
 
-  function actionButtons(taskId) {
-    const replay = el("button", { type: "button", class: "replay", "data-action": "replay", onclick: () => act("replay", taskId, replay) }, "Replay");
-    const discard = el(
-      "button",
-      {
-        type: "button",
-        class: "discard danger",
-        "data-action": "discard",
-        "data-task": taskId,
-        onclick: () => act("discard", taskId, discard),
-      },
-      state.armed.has(taskId) ? "Really discard?" : "Discard",
-    );
-    if (state.armed.has(taskId)) discard.classList.add("armed");
+  function actionButtons(task) {
+    const replay = el("button", { type: "button", class: "replay", "data-action": "replay", onclick: () => act("replay", task) }, "Replay");
+    const discard = el("button", { type: "button", class: "discard danger", "data-action": "discard", onclick: () => act("discard", task) }, "Discard");
     return [replay, " ", discard];
   }
 
-  async function act(action, taskId, button) {
-    if (action === "discard" && !state.armed.has(taskId)) {
-      // Deleting is for good: the first click arms the button, a second within 5 s deletes.
-      const disarm = () => {
-        state.armed.delete(taskId);
-        // The table may have been redrawn since: reset whichever button is this task's now.
-        for (const b of document.querySelectorAll("button.discard")) {
-          if (b.dataset.task === taskId) {
-            b.textContent = "Discard";
-            b.classList.remove("armed");
-          }
-        }
-      };
-      state.armed.set(taskId, setTimeout(disarm, 5000));
-      button.textContent = "Really discard?";
-      button.classList.add("armed");
-      return;
+  async function act(action, task) {
+    const what = describeTask(task);
+    const ok =
+      action === "replay"
+        ? await confirmAction("Replay 1 dead letter?", `Queue ${what} again, with fresh attempts.`, "Replay 1 task", false)
+        : await confirmAction("Discard 1 dead letter?", `Delete ${what} for good. This cannot be undone.`, "Discard 1 task", true);
+    if (!ok) return;
+    const path = `dead-letters/${encodeURIComponent(task.task_id)}${action === "replay" ? "/replay" : ""}`;
+    const done = await perform(`${action} ${what}`, () => api(path, { method: action === "replay" ? "POST" : "DELETE" }));
+    if (done) {
+      const named = what.charAt(0).toUpperCase() + what.slice(1);
+      notify(action === "replay" ? `${named} replayed: queued again with fresh attempts.` : `${named} discarded.`);
     }
-    clearTimeout(state.armed.get(taskId));
-    state.armed.delete(taskId);
-    button.disabled = true;
-    const path = `dead-letters/${encodeURIComponent(taskId)}${action === "replay" ? "/replay" : ""}`;
-    try {
-      await api(path, { method: action === "replay" ? "POST" : "DELETE" });
-      notify(action === "replay" ? `Task ${shortId(taskId)} replayed: queued again with fresh attempts.` : `Task ${shortId(taskId)} discarded.`);
-    } catch (err) {
-      if (err instanceof HttpError && err.status === 401) {
-        askForToken("That token was refused.");
-        return;
+  }
+
+  async function bulk(action, type, queue, counted) {
+    const which = selectionText(type, queue) || " (every dead letter)";
+    const tasks = plural(counted, "dead letter", "dead letters");
+    const ok =
+      action === "replay"
+        ? await confirmAction(`Replay ${tasks}?`, `Queue ${tasks}${which} again, with fresh attempts.`, `Replay ${plural(counted, "task", "tasks")}`, false)
+        : await confirmAction(`Discard ${tasks}?`, `Delete ${tasks}${which} for good. This cannot be undone.`, `Discard ${plural(counted, "task", "tasks")}`, true);
+    if (!ok) return;
+    // In batches, and never more than the count confirmed: dead letters that arrive meanwhile
+    // were not part of what the operator agreed to.
+    const selection = type || queue ? { type: type || null, queue: queue || null } : { all: true };
+    const done = await perform(`${action} dead letters${which}`, async () => {
+      let total = 0;
+      while (total < counted) {
+        const limit = Math.min(1000, counted - total);
+        const batch = await api(`dead-letters/${action}`, {
+          method: "POST",
+          body: JSON.stringify({ ...selection, limit }),
+        });
+        total += batch.count;
+        if (batch.count < limit) break;
       }
-      notify(`Could not ${action} task ${shortId(taskId)}: ${err.message}`);
-    }
-    await refresh();
+      return { total };
+    });
+    if (!done) return;
+    const verb = action === "replay" ? "Replayed" : "Discarded";
+    const rest = done.total < counted ? ` of the ${number(counted)} counted (the others changed meanwhile)` : "";
+    notify(`${verb} ${plural(done.total, "dead letter", "dead letters")}${rest}${which}.`);
+  }
+
+  // --- pausing a queue, cancelling a task ------------------------------------------------------------
+
+  function queueButton(name, isPaused, waiting) {
+    const label = isPaused ? "Resume" : "Pause";
+    return el(
+      "button",
+      { type: "button", class: isPaused ? "resume" : "pause", "data-action": isPaused ? "resume" : "pause", "data-queue": name, onclick: () => toggleQueue(name, isPaused, waiting) },
+      label,
+    );
+  }
+
+  async function toggleQueue(name, isPaused, waiting) {
+    const tasks = plural(waiting, "waiting task", "waiting tasks");
+    const ok = isPaused
+      ? await confirmAction(`Resume queue ${name}?`, `Workers start claiming its ${tasks} again.`, `Resume ${name}`, false)
+      : await confirmAction(
+          `Pause queue ${name}?`,
+          `Workers stop claiming its ${tasks} until it is resumed; tasks already running finish, and submitting still works.`,
+          `Pause ${name}`,
+          true,
+        );
+    if (!ok) return;
+    const action = isPaused ? "resume" : "pause";
+    const done = await perform(`${action} queue ${name}`, () => api(`queues/${encodeURIComponent(name)}/${action}`, { method: "POST" }));
+    if (done) notify(done.paused ? `Paused queue ${name}: no worker claims its tasks until it is resumed.` : `Resumed queue ${name}.`);
+  }
+
+  async function cancelTask(task) {
+    const what = describeTask(task);
+    const text =
+      task.status === "running"
+        ? `It is running on ${task.worker ?? "a worker"}: its handler is asked to stop, and decides when.`
+        : "It is waiting: it will never run.";
+    if (!(await confirmAction("Cancel 1 task?", `Cancel ${what}. ${text}`, "Cancel 1 task", true))) return;
+    const done = await perform(`cancel ${what}`, () => api(`tasks/${encodeURIComponent(task.task_id)}`, { method: "DELETE" }));
+    if (done) notify(done.status === "running" ? `Asked ${what} to stop: it is still running until its handler does.` : `Cancelled ${what}.`);
   }
 
   // --- one task ----------------------------------------------------------------------------------
@@ -710,8 +978,21 @@
     try {
       task = await api(`tasks/${encodeURIComponent(taskId)}`);
     } catch (err) {
-      if (err instanceof HttpError && err.status === 404) {
-        fill($("task"), el("div", { class: "panel" }, el("h2", {}, "No such task"), el("p", { class: "mono" }, taskId)));
+      // The API answers 404 for an id that is not even a UUID, as for one it does not know;
+      // the page tells the two apart, since a mistyped id wants another answer at 3 a.m.
+      const uuidLike = /^[0-9a-f]{8}-?(?:[0-9a-f]{4}-?){3}[0-9a-f]{12}$/i.test(taskId);
+      if (err instanceof HttpError && err.status === 404 && uuidLike) {
+        fill(
+          $("task"),
+          el("div", { class: "panel" }, el("h2", {}, "No such task"), el("p", { "data-field": "not-found" }, `No task has the id ${taskId}: it may have been pruned or discarded, or the id is mistyped.`)),
+        );
+        return;
+      }
+      if (err instanceof HttpError && [400, 404, 422].includes(err.status)) {
+        fill(
+          $("task"),
+          el("div", { class: "panel" }, el("h2", {}, "Not a task id"), el("p", { "data-field": "not-found" }, `"${clip(taskId, 80)}" is not a task id: a task id is a UUID, like 0193b1c2-8f4e-7a10-9c3d-5e6f7a8b9c0d.`)),
+        );
         return;
       }
       throw err;
@@ -729,19 +1010,32 @@
           { class: "panel-head" },
           el("h2", {}, `Task ${task.task_id}`),
           badge(task.status),
-          task.status === "failed" ? el("span", { class: "actions" }, actionButtons(task.task_id)) : null,
+          task.status === "failed" ? el("span", { class: "actions" }, actionButtons(task)) : null,
+          (task.status === "queued" || task.status === "running") && !task.cancel_requested
+            ? el("span", { class: "actions" }, el("button", { type: "button", class: "cancel danger", "data-action": "cancel", onclick: () => cancelTask(task) }, "Cancel task…"))
+            : null,
         ),
         el(
           "dl",
           { class: "fields" },
           field("type", "Type", task.type),
           field("queue", "Queue", task.queue),
-          field("priority", "Priority", task.priority),
+          field(
+            "priority",
+            "Priority",
+            task.priority,
+            task.submitted_priority && task.submitted_priority !== task.priority
+              ? el("span", { class: "muted", "data-field": "submitted-priority" }, ` (submitted ${task.submitted_priority}, promoted for waiting)`)
+              : null,
+          ),
           field("status", "Status", task.status === "failed" ? "failed (dead letter)" : task.status),
           field("attempts", "Attempts", `${task.attempts} of ${task.max_attempts}`),
           field("created", "Created", when(task.created_at)),
           task.status === "queued"
             ? field("run-at", "Runs at", when(task.run_at), el("span", { class: "muted" }, ` ${relative(task.run_at)}`))
+            : null,
+          task.status === "queued" && task.ready_since && task.ready_since !== task.run_at
+            ? field("ready-since", "Waiting since", when(task.ready_since), el("span", { class: "muted" }, ` ${relative(task.ready_since)}`))
             : null,
           field("started", "Last started", when(task.started_at)),
           field("finished", "Finished", when(task.finished_at)),
@@ -760,7 +1054,8 @@
         task.last_error
           ? el("p", { class: "muted" }, `after ${task.attempts} of ${task.max_attempts} attempts; pgqueue keeps the last error only`)
           : null,
-        el("pre", { class: "error-text full", "data-field": "last-error" }, task.last_error ?? "—"),
+        el("pre", { class: "error-text full", "data-field": "last-error" }, task.last_error_summary ?? task.last_error ?? "—"),
+        traceback(task.last_error_traceback, true),
       ),
     );
   }
@@ -780,6 +1075,17 @@
   });
 
   $("forget").addEventListener("click", () => askForToken(""));
+
+  $("find-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    // The API decides what an id is (one rule): the task page says when it is not one.
+    const id = $("find-id").value.trim().replace(/^…/, "");
+    if (!id) return;
+    $("find-id").value = "";
+    location.hash = taskHref(id);
+  });
+  onFilter($("tasks-filter"), "tasks");
+  onFilter($("dlq-filter"), "dead-letters");
 
   window.addEventListener("hashchange", () => {
     window.scrollTo(0, 0);

@@ -13,12 +13,19 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pgqueue.models import ClaimedTask
+from pgqueue.models import ClaimedTask, RetryPolicy
 from pgqueue.queries import ClaimStarts as Starts
-from pgqueue.queries import arun, claim_round, lease_starts_mark, limits_probe, task_claim
+from pgqueue.queries import (
+    arun,
+    claim_round,
+    lease_starts_mark,
+    limits_probe,
+    task_claim,
+    task_types_declare,
+)
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
@@ -43,6 +50,7 @@ class Claimer:
         slots: Slots,
         stop: StopRequest,
         start: Callable[[ClaimedTask], None],
+        declarations: Sequence[tuple[str, RetryPolicy | None]] = (),
     ) -> None:
         self._config = config
         self._db = db
@@ -52,6 +60,7 @@ class Claimer:
         self._pending = slots.pending
         self._stop = stop
         self._start = start
+        self._declarations = list(declarations)
         self._limits_checked = -LIMITS_RECHECK_SECONDS
         self._marked = False
         self.starts = ClaimStarts(config.poll_interval, config.lease_seconds)
@@ -108,6 +117,10 @@ class Claimer:
             # worker killed between its first claim and its first mark would count those
             # attempts (an owner without a row is counted, the safe side).
             await arun(conn, lease_starts_mark(self._config.worker_id, started=False))
+            # The registry's task types, before the first claim: enqueue applies them from
+            # now on, and this worker's claims apply them to tasks enqueued before.
+            if self._declarations:
+                await arun(conn, task_types_declare(self._config.worker_id, self._declarations))
             self._marked = True
         starts = self.starts.next()
         began = time.monotonic()

@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 from typing import Any, Literal, TypeVar
 
 from pgqueue import aio, tracing
+from pgqueue.error_text import split_error
 from pgqueue.errors import LeaseLost
 from pgqueue.executor import (
     Cancelled,
@@ -175,17 +176,16 @@ class Runner:
     async def _record_failure(
         self, task: ClaimedTask, outcome: Failed, fields: dict[str, Any]
     ) -> None:
-        handler = self._registry.get(task.type)
-        policy = handler.retry if handler is not None else None
+        # The row's policy decides, not this worker's registry: it is what the caller gave,
+        # or the type's declaration (applied at enqueue, or at the claim for a task enqueued
+        # before it), so the attempts logged, listed and enforced are the same number.
         result = await self._db.call(
             lambda c: _fenced(
-                aio.fail(
-                    c, task.lease, outcome.error, retry_after=outcome.retry_after, policy=policy
-                )
+                aio.fail(c, task.lease, outcome.error, retry_after=outcome.retry_after)
             )
         )
         self._metrics.task_failed(task, result or None)
-        summary = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "error"
+        summary = split_error(outcome.error).headline or "error"
         if result is None or result is False:
             event("task.lease_lost", logging.WARNING, **fields, error=summary)
         elif result.outcome is FailOutcome.CANCELLED:

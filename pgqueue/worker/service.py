@@ -79,6 +79,7 @@ class Worker:
             slots=slots,
             stop=self._stop,
             start=self._runner.start,
+            declarations=registry.declarations(),
         )
         self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots)
         self._listener = Listener(url, cfg, wake=slots.wake)
