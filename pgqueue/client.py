@@ -104,6 +104,7 @@ class Client:
     recent_failures = _in_transaction(operations.recent_failures)
     pause_queue = _in_transaction(operations.pause_queue)
     resume_queue = _in_transaction(operations.resume_queue)
+    remove_queue = _in_transaction(operations.remove_queue)
     list_queues = _in_transaction(operations.list_queues)
     set_queue_retention = _in_transaction(operations.set_queue_retention)
     set_limit = _in_transaction(operations.set_limit)

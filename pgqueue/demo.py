@@ -8,6 +8,7 @@ settled, and ends with a summary and the SQL to look at the result yourself.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 import uuid
@@ -17,7 +18,7 @@ from typing import Any
 
 from pgqueue import log, migrate, operations
 from pgqueue.client import Client
-from pgqueue.config import redact
+from pgqueue.config import ENV_DATABASE_URL, redact
 from pgqueue.executor import TaskContext
 from pgqueue.models import RetryPolicy, TaskStatus
 from pgqueue.registry import TaskRegistry
@@ -87,9 +88,14 @@ def run_demo(
     database_url: str | None, echo: Callable[[str], None], as_json: bool = False
 ) -> dict[str, Any]:
     started = time.monotonic()
+    embedded = uses_embedded_server(database_url)
     client = Client(database_url)
-    echo(f"database: {redact(client.database_url)} (migrating)")
-    migrate.upgrade(client.database_url)
+    before, head = migrate.current(client.database_url), migrate.head()
+    if before == head:
+        echo(f"database: {redact(client.database_url)} (schema up to date)")
+    else:
+        echo(f"database: {redact(client.database_url)} (migrating to {head})")
+        migrate.upgrade(client.database_url)
     with client:
         results = client.enqueue_many(_plan())
         ids = [r.id for r in results]
@@ -111,7 +117,16 @@ def run_demo(
         )
         summary = asyncio.run(_run(worker, client, ids, echo, as_json))
     summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["database"] = redact(client.database_url)
+    summary["migrated"] = before != head
+    summary["embedded_server"] = embedded
     return summary
+
+
+def uses_embedded_server(database_url: str | None) -> bool:
+    """Whether this URL (the argument, else PGQUEUE_DATABASE_URL) falls back to the embedded
+    server, which the demo then leaves running: the person must hear of it."""
+    return database_url is None and not os.environ.get(ENV_DATABASE_URL, "").strip()
 
 
 async def _run(

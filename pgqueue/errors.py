@@ -80,6 +80,16 @@ class TaskNotFound(PgQueueError, LookupError):
         self.task_id = task_id
 
 
+class QueueNotFound(PgQueueError, LookupError):
+    """No queue of that name: it has no tasks and no settings (most often a typo). Setting one
+    up before its first task is an explicit choice, which ``hint`` says how to make."""
+
+    def __init__(self, queue: str, hint: str) -> None:
+        super().__init__(f"no queue {queue!r}: it has no tasks and no settings; {hint}")
+        self.queue = queue
+        self.hint = hint
+
+
 class InvalidTaskState(PgQueueError):
     """The task is not in a status that allows the operation (e.g. cancelling a finished task)."""
 

@@ -19,6 +19,7 @@ from pgqueue.api.schemas import ErrorOut, FieldError
 from pgqueue.errors import (
     DatabaseUnavailable,
     InvalidTaskState,
+    QueueNotFound,
     SchemaNotReady,
     TaskNotFound,
     ValidationError,
@@ -34,7 +35,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     text = {
         400: "Malformed JSON",
         401: "Missing or invalid bearer token",
-        404: "No such task",
+        404: "No such task (or queue)",
         409: "The task's status does not allow this",
         413: "Body too large",
         422: "Invalid fields",
@@ -86,7 +87,7 @@ async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
             str(exc),
             errors=[FieldError(field=exc.field, message=exc.reason)],
         )
-    if isinstance(exc, TaskNotFound):
+    if isinstance(exc, TaskNotFound | QueueNotFound):
         return error(404, "not_found", str(exc))
     if isinstance(exc, InvalidTaskState):
         return error(409, "conflict", str(exc), status=exc.status)

@@ -38,3 +38,27 @@ def demo() -> None:
     typer.echo("\nLook for yourself (psql, or `pgqueue stats` / `pgqueue dlq list`):")
     for sql in summary["sql"]:
         typer.echo(f"  {sql}")
+    typer.echo("\n" + ending(summary["embedded_server"]))
+
+
+def ending(embedded: bool) -> str:
+    """Where a newcomer stands once the demo is over: what is still running on their machine
+    and how to stop it, then what to read next."""
+    lines = []
+    if embedded:
+        from pgqueue import embedded as server
+
+        lines += [
+            f"The embedded PostgreSQL keeps running in the background (data in "
+            f"{server.data_dir()}), so the next command finds these tasks:",
+            "  pgqueue embedded url    its URL, for psql",
+            "  pgqueue embedded stop   stop it (the data stays; the next command starts it)",
+            "",
+        ]
+    lines += [
+        "Next:",
+        "  pgqueue serve                   the dashboard and the HTTP API, on 127.0.0.1:8000",
+        "  README.md, 'In your code'       enqueue in your transaction, write handlers, run",
+        "                                  `pgqueue worker app.tasks:tasks`",
+    ]
+    return "\n".join(lines)

@@ -3,18 +3,40 @@
 Usage errors (bad arguments, values the library rejects) exit with 2, every other error with
 1, an interrupt with 130; ``--debug`` shows the traceback instead of the line. Commands only
 raise; deciding the line and the code here keeps every command's failures alike.
+
+Under ``--json`` the line is a JSON document instead, on stderr too (stdout is where a
+program reads answers, and a failed command has none), with the same exit code::
+
+    {"error": "invalid_request", "message": "queue: must not be empty", "field": "queue",
+     "exit_code": 2}
+
+``error`` is the kind, spelled as the HTTP API spells it where both can fail alike
+(``invalid_request``, ``not_found``, ``conflict``, ``unavailable``, ``schema_not_ready``),
+plus ``usage`` (an option or argument as typed: ``field`` is then its name, ``--payload``),
+``configuration``, ``aborted``, ``interrupted``, ``error`` and ``internal_error``;
+``field`` is there when one value is at fault, ``task_id`` and ``status`` when one task is.
 """
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import typer
 
 from pgqueue.cli.state import state
-from pgqueue.errors import PgQueueError, ValidationError
+from pgqueue.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidTaskState,
+    PgQueueError,
+    QueueNotFound,
+    SchemaNotReady,
+    TaskNotFound,
+    ValidationError,
+)
 
 
 class UsageProblem(typer.BadParameter):
@@ -24,13 +46,70 @@ class UsageProblem(typer.BadParameter):
         return self.message
 
 
+class Declined(PgQueueError):
+    """The person asked to confirm said no (or ended stdin): nothing was done (exit code 1)."""
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    typer.secho(f"error: {_one_line(message)}", fg=typer.colors.RED, err=True)
+def asks_for_json(args: Sequence[str]) -> bool:
+    """Whether ``--json`` was given, read from the arguments themselves: an error found while
+    parsing them (an unknown option) comes before the option has been handled."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _wants_json() -> bool:
+    return state.json or asks_for_json(sys.argv[1:])
+
+
+def _fail(message: str, code: int, kind: str, **details: Any) -> NoReturn:
+    message = _one_line(message)
+    if _wants_json():
+        body = {"error": kind, "message": message, **details, "exit_code": code}
+        typer.echo(json.dumps(body, ensure_ascii=False, default=str), err=True)
+    else:
+        typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     sys.exit(code)
+
+
+def _param_name(exc: Exception) -> str | None:
+    """The option or argument a usage error is about, as typed (``--payload``, ``TASK_ID``)."""
+    param = getattr(exc, "param", None)
+    kind = getattr(param, "param_type_name", None)
+    if kind == "option" and getattr(param, "opts", None):
+        return str(max(param.opts, key=len))  # type: ignore[union-attr]
+    if kind == "argument":
+        return str(getattr(param, "metavar", None) or getattr(param, "name", "")).upper()
+    hint = getattr(exc, "param_hint", None)
+    if isinstance(hint, str):
+        return hint.strip("'\"")
+    return None
+
+
+def _kind(exc: PgQueueError) -> tuple[str, dict[str, Any]]:
+    """The JSON kind of a library error, with the details that identify what it is about."""
+    if isinstance(exc, TaskNotFound):
+        return "not_found", {"task_id": str(exc.task_id)}
+    if isinstance(exc, QueueNotFound):
+        return "not_found", {"queue": exc.queue}
+    if isinstance(exc, InvalidTaskState):
+        return "conflict", {"task_id": str(exc.task_id), "status": exc.status}
+    if isinstance(exc, SchemaNotReady):
+        return "schema_not_ready", {}
+    if isinstance(exc, DatabaseUnavailable):
+        return "unavailable", {}
+    if isinstance(exc, ConfigurationError):
+        return "configuration", {}
+    if isinstance(exc, Declined):
+        return "aborted", {}
+    return "error", {}
 
 
 def exit_reporting_errors(run: Callable[[], object]) -> NoReturn:
@@ -48,22 +127,30 @@ def exit_reporting_errors(run: Callable[[], object]) -> NoReturn:
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         # typer validates some values with pydantic, whose messages start "Value error, ".
         message = exc.format_message().replace("Value error, ", "")
-        _fail(message + hint, exit_code)
+        field = _param_name(exc)
+        _fail(message + hint, exit_code, "usage", **({"field": field} if field else {}))
     except ValidationError as exc:  # a value the library refused is a usage error too
         if state.debug:
             raise
-        _fail(str(exc), 2)
+        _fail(str(exc), 2, "invalid_request", field=exc.field)
     except PgQueueError as exc:
         if state.debug:
             raise
-        _fail(str(exc), 1)
+        kind, details = _kind(exc)
+        _fail(str(exc), 1, kind, **details)
     except typer.Abort:
-        _fail("aborted", 1)
+        _fail("aborted", 1, "aborted")
     except KeyboardInterrupt:
+        if _wants_json():
+            _fail("interrupted", 130, "interrupted")
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:
         if state.debug:
             raise
-        _fail(f"{type(exc).__name__}: {exc} (run with --debug for the traceback)", 1)
+        _fail(
+            f"{type(exc).__name__}: {exc} (run with --debug for the traceback)",
+            1,
+            "internal_error",
+        )
     sys.exit(code if isinstance(code, int) else 0)

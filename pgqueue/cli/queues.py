@@ -1,5 +1,6 @@
 """Queues as a whole: what waits in them (``stats``, ``schedules``) and their settings, which
-live in the database and so hold for every worker (``queue pause/resume/list/retention``)."""
+live in the database and so hold for every worker (``queue pause/resume/list/retention/remove``).
+"""
 
 from __future__ import annotations
 
@@ -144,11 +145,22 @@ def _duration_or_default(seconds: float | None) -> str:
 
 
 @group.command("pause")
-def queue_pause(name: QueueNameArg) -> None:
+def queue_pause(
+    name: QueueNameArg,
+    create: Annotated[
+        bool,
+        typer.Option(
+            "--create",
+            help="Pause it even though it has no tasks and no settings yet (without this, "
+            "such a name is refused: most often it is a typo).",
+        ),
+    ] = False,
+) -> None:
     """Stop every worker from claiming this queue's tasks until it is resumed. Running tasks
-    finish; submitting still works; it stays paused across restarts."""
+    finish; submitting still works; it stays paused across restarts (`queue remove` forgets
+    its settings)."""
     with connection() as conn:
-        queue = ops.pause_queue(conn, name)
+        queue = ops.pause_queue(conn, name, create=create)
     emit(_queue_dict(queue), _queue_line(queue) + ": workers claim none of its tasks")
 
 
@@ -160,9 +172,22 @@ def queue_resume(name: QueueNameArg) -> None:
     emit(_queue_dict(queue), _queue_line(queue))
 
 
+@group.command("remove")
+def queue_remove(name: QueueNameArg) -> None:
+    """Forget this queue's settings (paused, retention): a paused queue runs again, with the
+    workers' retention. Its tasks are not touched."""
+    with connection() as conn:
+        removed = ops.remove_queue(conn, name)
+    emit(
+        {"name": name, "removed": removed},
+        f"queue {name!r}: settings removed" if removed else f"queue {name!r} had no settings",
+    )
+
+
 @group.command("list")
 def queue_list() -> None:
-    """Queues with unfinished tasks or a setting: paused or running, and their retention."""
+    """Queues with tasks (in any status) or a setting: paused or running, and their
+    retention."""
     with connection() as conn:
         states = ops.list_queues(conn)
     human = (

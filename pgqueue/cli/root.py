@@ -26,9 +26,10 @@ from pgqueue.cli import (
     workers,
 )
 from pgqueue.cli.errors import exit_reporting_errors
-from pgqueue.cli.state import main_options
+from pgqueue.cli.state import RootGroup, main_options, state
 
 app = typer.Typer(
+    cls=RootGroup,
     help="pgqueue: a job queue that lives in PostgreSQL.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -55,6 +56,7 @@ def main() -> None:
     # reaches us; with no handler configured, logging would print it as a second line. The
     # worker configures real handlers, which still get these records.
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
+    state.reset()
     # Not standalone: usage errors come back to exit_reporting_errors instead of typer's
     # multi-line boxes.
     exit_reporting_errors(lambda: app(prog_name="pgqueue", standalone_mode=False))

@@ -1,17 +1,22 @@
 """``pgqueue serve``: the HTTP API under uvicorn.
 
 It refuses to listen beyond loopback without API tokens unless told to: an API open to the
-network without authentication would let anyone submit, cancel and discard tasks.
+network without authentication would let anyone submit, cancel and discard tasks. Before
+uvicorn's own lines it says where the API and the dashboard are, the database (password
+masked) and whether authentication is on (``--json``: the same as one JSON document).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
 
 from pgqueue.cli.errors import UsageProblem
+from pgqueue.cli.output import emit
 from pgqueue.cli.state import state
+from pgqueue.config import redact
 from pgqueue.errors import PgQueueError
 
 commands = typer.Typer()
@@ -26,6 +31,43 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _base_url(host: str, port: int) -> str:
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def banner(
+    host: str, port: int, database_url: str, tokens: int, allow_unauthenticated: bool
+) -> tuple[dict[str, object], str]:
+    """What ``serve`` says before uvicorn does: where the API and the dashboard are, which
+    database they serve (password masked), and whether a request needs a token, so that
+    nobody has to read the code to find the dashboard, or learns from an attacker that
+    authentication was off."""
+    base = _base_url(host, port)
+    if tokens:
+        auth = f"on ({tokens} token{'s' if tokens != 1 else ''}: send Authorization: Bearer TOKEN)"
+    elif allow_unauthenticated:
+        auth = "OFF (--allow-unauthenticated): anyone who can reach the port can use the API"
+    else:
+        auth = "off (no PGQUEUE_API_TOKENS; listening on loopback only)"
+    data: dict[str, object] = {
+        "api_url": f"{base}/api/v1",
+        "dashboard_url": f"{base}/dashboard/",
+        "docs_url": f"{base}/docs",
+        "database": redact(database_url),
+        "authentication": bool(tokens),
+    }
+    lines = [
+        f"API:            {data['api_url']}  (OpenAPI: {data['docs_url']})",
+        f"dashboard:      {data['dashboard_url']}",
+        f"database:       {data['database']}",
+        f"authentication: {auth}",
+    ]
+    if host in ("0.0.0.0", "::"):
+        lines.append(f"listening on every {'IPv6' if host == '::' else 'IPv4'} interface")
+    return data, "\n".join(lines)
 
 
 @commands.command()
@@ -62,7 +104,11 @@ def serve(
         )
     # Resolve once here (starting the embedded server if needed) and hand the URL to every
     # server process through the environment, where the app factory reads it.
-    os.environ["PGQUEUE_DATABASE_URL"] = state.url()
+    url = state.url()
+    os.environ["PGQUEUE_DATABASE_URL"] = url
+    data, human = banner(host, port, url, len(settings.tokens), allow_unauthenticated)
+    emit(data, human)
+    sys.stdout.flush()  # before uvicorn's lines, also when stdout is a pipe
     uvicorn.run(
         "pgqueue.api:app_from_env",
         factory=True,

@@ -3,13 +3,19 @@ and the error handling can read them.
 
 Typer hands the root callback's options to that callback only; the commands and ``main``
 need them too, so the callback writes them into one module-level :class:`State`.
+
+``--json`` is also accepted after the command (``pgqueue status ID --json``): people add it
+at the end as often as at the start. :class:`RootGroup` gives every command of the tree the
+same option, once, where the tree is built, so that no command can lack it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
+import typer.main
 
 from pgqueue.config import resolve_database_url
 
@@ -19,6 +25,13 @@ class State:
     json: bool = False
     debug: bool = False
 
+    def reset(self) -> None:
+        """Back to the defaults: a usage error can stop a run before the root callback sets
+        them, and the tests run many invocations in one process."""
+        self.database_url = None
+        self.json = False
+        self.debug = False
+
     def url(self) -> str:
         """Resolved only when a command needs a database: resolving may start the embedded
         server, which ``--help`` or ``grant --print`` must not do."""
@@ -26,6 +39,12 @@ class State:
 
 
 state = State()
+
+ROOT_JSON_HELP = (
+    "Machine-readable output: one JSON document on stdout; an error is one JSON document on "
+    "stderr, with the same exit code. Also accepted after the command."
+)
+JSON_HELP = "Machine-readable output (also accepted before the command)."
 
 
 def main_options(
@@ -38,12 +57,56 @@ def main_options(
             show_envvar=True,
         ),
     ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help=ROOT_JSON_HELP)] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
 ) -> None:
     """The root command's callback (registered in :mod:`pgqueue.cli.root`): runs before
     every command, so each starts from the options of this invocation, not a previous one's
-    (the tests invoke many in one process)."""
+    (the tests invoke many in one process). A ``--json`` after the command is read later,
+    when that command's own options are."""
     state.database_url = database_url
     state.json = json_output
     state.debug = debug
+
+
+def _set_json(value: bool) -> None:
+    if value:
+        state.json = True
+
+
+def _after_command_option() -> Any:
+    """``--json`` as a command's own option, built by typer from a declaration like any other
+    (typer's click is its own: building the parameter by hand would reach into it)."""
+    probe = typer.Typer()
+
+    @probe.command()
+    def command(
+        json_output: Annotated[
+            bool,
+            # Eager: set before a missing argument or a bad value of the same command is
+            # reported, so that the error is rendered as JSON too.
+            typer.Option(
+                "--json", help=JSON_HELP, is_eager=True, expose_value=False, callback=_set_json
+            ),
+        ] = False,
+    ) -> None:
+        pass
+
+    return typer.main.get_command(probe).params[0]
+
+
+class RootGroup(typer.core.TyperGroup):
+    """The root command's group: adds ``--json`` to every command and group below it.
+
+    Typer builds the click tree anew for each run (and for each ``CliRunner.invoke``), the
+    subcommands before the root, so the whole tree is there when this runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        option = _after_command_option()
+        pending = list(self.commands.values())
+        while pending:
+            command = pending.pop()
+            if not any(p.name == option.name for p in command.params):
+                command.params.append(option)
+            pending.extend(getattr(command, "commands", {}).values())

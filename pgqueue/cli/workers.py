@@ -17,6 +17,7 @@ import typer
 
 from pgqueue.cli.state import state
 from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL
+from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
     from pgqueue.registry import TaskRegistry
@@ -164,6 +165,8 @@ def worker(
 
     log.configure(log_format, log_level)
     _check_metrics_ports(metrics_port, processes)
+    for name in queue or []:  # before any connection: a queue no task can be in
+        check_name("queue", name)
     options = WorkerOptions(
         queues=queue or [DEFAULT_QUEUE],
         concurrency=concurrency,

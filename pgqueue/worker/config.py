@@ -8,6 +8,7 @@ import os
 import socket
 import uuid
 
+from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
 from pgqueue.worker.maintenance import MaintenanceConfig
 
@@ -43,6 +44,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not self.queues:
             raise ValidationError("queues", "give at least one queue")
+        for queue in self.queues:  # the rule enqueue applies: a queue no task can have
+            check_name("queue", queue)
         if self.concurrency < 1:
             raise ValidationError("concurrency", f"must be at least 1, not {self.concurrency}")
         if self.lease_seconds < 1:

@@ -608,20 +608,42 @@ def via_library(case: Case, ctx: Context) -> Outcome:
 
 
 def cli_line(result: CliResult) -> str:
+    """The error line; under ``--json`` the error's message, spelled as the plain line."""
     lines = result.stderr.splitlines()
-    return lines[-1] if lines else ""
+    if not lines:
+        return ""
+    try:
+        body = json.loads(lines[-1])
+    except ValueError:
+        return lines[-1]
+    return f"error: {body['message']}" if isinstance(body, dict) and "message" in body else ""
 
 
-def cli_problems(result: CliResult, exit_code: int, *, stdout_ok: bool = False) -> list[str]:
+def cli_problems(
+    result: CliResult, exit_code: int, *, stdout_ok: bool = False, as_json: bool = False
+) -> list[str]:
     """What keeps ``result`` from being a clean failure: ``exit_code`` and one line
-    ``error: ...`` on stderr (and nothing on stdout, unless ``stdout_ok``)."""
+    ``error: ...`` on stderr, or under ``--json`` one JSON document naming the kind, the
+    message and the exit code (and nothing on stdout, unless ``stdout_ok``)."""
     problems = []
     if result.code != exit_code:
         problems.append(f"exit code {result.code}, not {exit_code}")
     if "Traceback" in result.stdout + result.stderr:
         problems.append("printed a traceback")
     lines = result.stderr.splitlines()
-    if len(lines) != 1 or not lines[0].startswith("error: "):
+    if as_json:
+        try:
+            body = json.loads(result.stderr)
+        except ValueError:
+            body = None
+        if (
+            len(lines) != 1
+            or not isinstance(body, dict)
+            or not {"error", "message"} <= body.keys()
+            or body.get("exit_code") != exit_code
+        ):
+            problems.append(f"stderr is not one JSON error document: {result.stderr!r}")
+    elif len(lines) != 1 or not lines[0].startswith("error: "):
         problems.append(f"stderr is not one 'error: ...' line: {result.stderr!r}")
     if result.stdout and not stdout_ok:
         problems.append(f"wrote to stdout: {result.stdout!r:.200}")
@@ -642,8 +664,10 @@ def via_cli(case: Case, ctx: Context) -> Outcome:
         return Outcome("cli", True, "exit 0, accepted", task_id=task_id)
     plain = run_main(ctx.url, *case.cli)
     line = cli_line(plain)
-    problems = cli_problems(plain, 2) + [f"--json: {p}" for p in cli_problems(as_json, 2)]
-    if (as_json.code, as_json.stderr) != (plain.code, plain.stderr):
+    problems = cli_problems(plain, 2) + [
+        f"--json: {p}" for p in cli_problems(as_json, 2, as_json=True)
+    ]
+    if (as_json.code, cli_line(as_json)) != (plain.code, line):
         problems.append(f"--json answers otherwise: {as_json.code} {as_json.stderr!r}")
     named = case.field if case.field and cli_names(line, case.field) else None
     return Outcome("cli", False, f"exit {plain.code}: {code(line)}", named, problems=problems)
@@ -899,8 +923,8 @@ def test_bad_task_ids_are_not_found_and_change_nothing(
     elif boundary == "cli":
         for command in (["status"], ["--json", "status"], ["cancel"], ["dlq", "replay"]):
             result = run_main(ctx.url, *command, task_id)
-            # `dlq replay` reports what it did replay on stdout, then the ids it did not.
-            assert cli_problems(result, 1, stdout_ok=command[0] == "dlq") == [], result
+            as_json = command[0] == "--json"
+            assert cli_problems(result, 1, as_json=as_json) == [], result
             assert "no task with id" in result.stderr or "(no such task)" in result.stderr
         summary = f"exit 1: {code(cli_line(result)[:120])}"
     else:
@@ -945,7 +969,8 @@ def test_bad_filters_name_the_field_and_change_nothing(
         elif boundary == "cli":
             for command in (["list"], ["--json", "dlq", "replay"]):
                 result = run_main(ctx.url, *command, f"--{field}={value}")
-                assert cli_problems(result, 2) == [], (command, result)
+                as_json = command[0] == "--json"
+                assert cli_problems(result, 2, as_json=as_json) == [], (command, result)
                 assert cli_names(cli_line(result), field), cli_line(result)
             summary = f"exit 2: {code(cli_line(result))}"
         else:

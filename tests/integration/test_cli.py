@@ -8,15 +8,19 @@ which is what turns errors into one line on stderr with the right exit code.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from boundaries import run_main
 from helpers import make_dead_letters
 from typer.testing import CliRunner
 
@@ -522,7 +526,9 @@ def test_dlq_replay_json_lists_the_replayed_ids(database_url, conn):
     assert sorted(data["ids"]) == sorted(map(str, ids))
 
 
-def test_dlq_replay_reports_the_ids_that_are_not_dead_letters(database_url, conn):
+def test_dlq_replay_of_ids_that_are_not_all_dead_letters_replays_none_and_names_each(
+    database_url, conn
+):
     (dead,) = make_dead_letters(conn, 1)
     queued = pgqueue.enqueue(conn, "x", {}).id
     unknown = uuid.UUID(int=7)
@@ -530,11 +536,27 @@ def test_dlq_replay_reports_the_ids_that_are_not_dead_letters(database_url, conn
     proc = run_cli(database_url, "dlq", "replay", str(dead), str(queued), str(unknown))
 
     line = one_line_error(proc, 1)
-    assert "2 of 3" in line
+    assert "2 of 3" in line and "none was replayed" in line
     assert f"{queued} (status 'queued')" in line
     assert f"{unknown} (no such task)" in line
-    assert proc.stdout.strip() == "replayed 1 dead letter"
-    assert pgqueue.get_task(conn, dead).status is pgqueue.TaskStatus.QUEUED
+    assert proc.stdout == ""
+    assert pgqueue.get_task(conn, dead).status is pgqueue.TaskStatus.FAILED
+
+
+@pytest.mark.parametrize("command", ["replay", "discard"])
+def test_dlq_replay_or_discard_of_a_completed_task_is_an_error_naming_it_and_its_status(
+    database_url, conn, command
+):
+    task_id = make_completed(conn, None)
+
+    extra = ["--yes"] if command == "discard" else []
+    proc = run_cli(database_url, "dlq", command, str(task_id), *extra)
+
+    line = one_line_error(proc, 1)
+    assert f"task {task_id}: not a dead letter" in line
+    assert "(status is 'completed')" in line
+    assert proc.stdout == ""
+    assert pgqueue.get_task(conn, task_id).status is pgqueue.TaskStatus.COMPLETED
 
 
 def test_dlq_replay_with_a_malformed_id_replays_nothing(database_url, conn):
@@ -608,36 +630,215 @@ def test_dlq_discard_with_yes_deletes_the_selected_dead_letters(database_url, co
     assert {t.id for t in pgqueue.list_tasks(conn)} == set(kept)
 
 
-def test_dlq_discard_asks_first_and_declining_keeps_everything(database_url, conn):
+def test_dlq_discard_asks_first_and_declining_keeps_everything(database_url, conn, monkeypatch):
     ids = make_dead_letters(conn, 2)
+    monkeypatch.setattr("pgqueue.cli._is_terminal", lambda stream: True)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
 
-    result = invoke(database_url, "dlq", "discard", "--all", input="n\n")
+    result = run_main(database_url, "dlq", "discard", "--all")
 
-    assert result.exit_code == 1
-    assert "Permanently delete all 2 dead letter(s)?" in result.stderr
-    assert "nothing was discarded" in result.stderr
+    assert result.code == 1
+    assert result.stderr.startswith("Permanently delete all 2 dead letter(s)? [y/N]: ")
+    assert result.stderr.endswith("error: aborted: nothing was discarded\n")
+    assert result.stdout == ""
     assert {t.id for t in pgqueue.list_tasks(conn)} == set(ids)
 
 
-def test_dlq_discard_goes_ahead_once_confirmed(database_url, conn):
+def test_dlq_discard_goes_ahead_once_confirmed(database_url, conn, monkeypatch):
     ids = make_dead_letters(conn, 2)
+    monkeypatch.setattr("pgqueue.cli._is_terminal", lambda stream: True)
 
     result = invoke(database_url, "dlq", "discard", str(ids[0]), input="y\n")
 
     assert result.exit_code == 0, (result.output, result.exception)
-    # (The runner echoes the typed answer to stdout; a terminal would show it by the prompt.)
-    assert result.stdout.splitlines()[-1] == "discarded 1 dead letter"
+    assert result.stdout == "discarded 1 dead letter\n"
     assert [t.id for t in pgqueue.list_tasks(conn)] == [ids[1]]
 
 
-def test_dlq_discard_without_an_answer_aborts(database_url, conn):
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["plain", "json"])
+def test_dlq_discard_without_a_terminal_or_yes_is_a_usage_error_saying_to_pass_yes(
+    database_url, conn, json_flag
+):
     ids = make_dead_letters(conn, 1)
 
-    proc = run_cli(database_url, "dlq", "discard", "--all", input="")
+    proc = run_cli(database_url, *json_flag, "dlq", "discard", "--all", input="y\n")
 
-    assert proc.returncode == 1
-    assert proc.stderr.splitlines()[-1] == "error: aborted"
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert "pass --yes" in proc.stderr and "nothing was discarded" in proc.stderr
     assert [t.id for t in pgqueue.list_tasks(conn)] == ids
+
+
+def test_dlq_discard_with_a_terminal_that_ends_without_an_answer_aborts(
+    database_url, conn, monkeypatch
+):
+    ids = make_dead_letters(conn, 1)
+    monkeypatch.setattr("pgqueue.cli._is_terminal", lambda stream: True)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+
+    result = run_main(database_url, "dlq", "discard", "--all")
+
+    assert result.code == 1
+    assert result.line == "error: aborted: nothing was discarded"
+    assert result.stdout == ""
+    assert [t.id for t in pgqueue.list_tasks(conn)] == ids
+
+
+# --- --json, before or after the command, and errors under it ----------------------------------
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for name, sub in getattr(command, "commands", {}).items():
+        yield (*path, name), sub
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_group_accepts_json_after_its_name():
+    import typer.main
+
+    tree = dict(_commands(typer.main.get_command(app)))
+
+    assert {"status", "worker", "serve", "demo", "dlq", "queue"} <= {p[0] for p in tree}
+    lacking = [
+        " ".join(p)
+        for p, c in tree.items()
+        if "--json" not in [o for x in c.params for o in getattr(x, "opts", [])]
+    ]
+    assert lacking == []
+
+
+def test_json_after_the_command_is_the_same_answer_as_before_it(database_url, conn):
+    make_dead_letters(conn, 1)
+    task_id = pgqueue.enqueue(conn, "x", {"k": 1}).id
+
+    for args in (["status", str(task_id)], ["dlq", "list"], ["queue", "list"], ["limit", "list"]):
+        before = run_main(database_url, "--json", *args)
+        after = run_main(database_url, *args, "--json")
+        assert (after.code, after.stderr) == (0, ""), (args, after)
+        assert json.loads(after.stdout) == json.loads(before.stdout), args
+
+
+ERROR_CASES = [
+    pytest.param(["status"], 2, "usage", "TASK_ID", id="missing-argument"),
+    pytest.param(["status", "x", "--bogus"], 2, "usage", None, id="unknown-option"),
+    pytest.param(["enqueue", "x", "--payload", "[1]"], 2, "usage", "--payload", id="bad-value"),
+    pytest.param(["enqueue", " "], 2, "invalid_request", "type", id="library-validation"),
+    pytest.param(["status", str(uuid.UUID(int=9))], 1, "not_found", None, id="not-found"),
+    pytest.param(["list", "--queue", ""], 2, "invalid_request", "queue", id="bad-filter"),
+]
+
+
+@pytest.mark.parametrize(("args", "exit_code", "kind", "field"), ERROR_CASES)
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_under_json_an_error_is_one_json_document_on_stderr_with_the_plain_exit_code(
+    database_url, conn, args, exit_code, kind, field, where
+):
+    plain = run_main(database_url, *args)
+    flagged = ["--json", *args] if where == "before" else [*args, "--json"]
+
+    as_json = run_main(database_url, *flagged)
+
+    assert (plain.code, as_json.code) == (exit_code, exit_code), (plain, as_json)
+    assert as_json.stdout == ""
+    (line,) = as_json.stderr.splitlines()
+    body = json.loads(line)
+    assert body["error"] == kind
+    assert body["exit_code"] == exit_code
+    assert body.get("field") == field
+    assert "error: " + body["message"] == plain.line
+    assert pgqueue.list_tasks(conn) == []
+
+
+def test_under_json_a_task_in_the_wrong_status_names_it_and_its_status(database_url, conn):
+    task_id = make_completed(conn, None)
+
+    result = run_main(database_url, "cancel", str(task_id), "--json")
+
+    assert result.code == 1 and result.stdout == ""
+    body = json.loads(result.stderr)
+    assert (body["error"], body["task_id"], body["status"]) == (
+        "conflict",
+        str(task_id),
+        "completed",
+    )
+
+
+# --- the worker's and the embedded server's settings --------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", "   ", "q" * 201], ids=["empty", "blank", "too-long"])
+def test_worker_refuses_a_queue_name_no_task_can_have_before_connecting(name):
+    # The URL points nowhere: the refusal must come before any connection is tried.
+    result = run_main("postgresql://u@127.0.0.1:1/x", "worker", "anything:tasks", "--queue", name)
+
+    assert result.code == 2, result
+    assert result.line.startswith("error: queue: "), result.line
+    assert result.stdout == ""
+    with pytest.raises(pgqueue.ValidationError) as info:
+        pgqueue.WorkerConfig(queues=["default", name])
+    assert info.value.field == "queue"
+
+
+def test_an_unsupported_embedded_postgres_version_names_the_setting_and_the_versions(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PGQUEUE_DATABASE_URL"}
+    env.update(PGQUEUE_HOME=str(tmp_path), PGQUEUE_EMBEDDED_PG_VERSION="17")
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgqueue", "embedded", "url"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+    line = one_line_error(proc, 1)
+    assert line == (
+        "error: PGQUEUE_EMBEDDED_PG_VERSION=17: the embedded PostgreSQL comes in versions "
+        "16 or 18 (set PGQUEUE_EMBEDDED_PG_VERSION to one of them, or unset it for 18)"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing was created
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "args", "auth"),
+    [
+        (None, [], "authentication: off (no PGQUEUE_API_TOKENS; listening on loopback only)"),
+        ("t1,t2", ["--host", "::1"], "authentication: on (2 tokens"),
+        (None, ["--host", "0.0.0.0", "--allow-unauthenticated"], "authentication: OFF"),
+    ],
+    ids=["loopback", "tokens", "unauthenticated"],
+)
+def test_serve_says_its_urls_the_masked_database_and_authentication_before_uvicorn(
+    monkeypatch, tokens, args, auth
+):
+    started: list[str] = []
+    monkeypatch.setattr("uvicorn.run", lambda *a, **k: started.append(sys.stdout.getvalue()))
+    monkeypatch.setenv("PGQUEUE_DATABASE_URL", "unused")  # serve sets it for its processes
+    monkeypatch.delenv("PGQUEUE_API_TOKENS_FILE", raising=False)
+    if tokens:
+        monkeypatch.setenv("PGQUEUE_API_TOKENS", tokens)
+    else:
+        monkeypatch.delenv("PGQUEUE_API_TOKENS", raising=False)
+    url = "postgresql://app:s3cret@db.example:5432/jobs"
+
+    result = run_main(url, "serve", "--port", "8123", *args)
+    as_json = run_main(url, "serve", "--port", "8123", *args, "--json")
+
+    assert result.code == 0, result
+    assert len(started) == 2 and started[0] == result.stdout  # all of it before uvicorn ran
+    host = {"::1": "[::1]", "0.0.0.0": "0.0.0.0"}.get(args[1] if args else "", "127.0.0.1")
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:2] == ["API:", f"http://{host}:8123/api/v1"]
+    assert lines[1].split() == ["dashboard:", f"http://{host}:8123/dashboard/"]
+    assert lines[2].split() == ["database:", "postgresql://app:***@db.example:5432/jobs"]
+    assert lines[3].startswith(auth), lines[3]
+    assert "s3cret" not in result.stdout + as_json.stdout
+    data = json.loads(as_json.stdout)
+    assert data["dashboard_url"] == f"http://{host}:8123/dashboard/"
+    assert data["authentication"] is bool(tokens)
 
 
 # --- where the database is the problem -----------------------------------------------------------

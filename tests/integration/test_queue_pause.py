@@ -79,18 +79,99 @@ def test_resume_wakes_listening_workers_only_when_it_commits(conn, connect):
     assert [n.payload for n in notes] == ["emails"]
 
 
-def test_list_queues_shows_queues_with_work_or_a_setting_and_their_state(conn):
+def test_list_queues_shows_every_queue_with_tasks_or_a_setting_and_its_state(conn):
     pgqueue.enqueue(conn, "send", queue="emails")
-    done = pgqueue.enqueue(conn, "build", queue="finished-only").task
-    [claimed] = pgqueue.claim(conn, ["finished-only"], limit=1, worker_id="w")
-    pgqueue.complete(conn, claimed.lease)
+    for queue, finish in (("completed-only", "complete"), ("dead-only", "fail")):
+        pgqueue.enqueue(conn, "build", queue=queue, max_attempts=1)
+        [claimed] = pgqueue.claim(conn, [queue], limit=1, worker_id="w")
+        if finish == "complete":
+            pgqueue.complete(conn, claimed.lease)
+        else:
+            pgqueue.fail(conn, claimed.lease, "boom")
+    cancelled = pgqueue.enqueue(conn, "build", queue="cancelled-only").id
+    pgqueue.cancel(conn, cancelled)
     pgqueue.pause_queue(conn, "idle-but-paused")
 
     states = {q.name: q for q in pgqueue.list_queues(conn)}
 
-    assert set(states) == {"emails", "idle-but-paused"}, done.id
+    assert set(states) == {
+        "emails",
+        "completed-only",
+        "dead-only",
+        "cancelled-only",
+        "idle-but-paused",
+    }
     assert states["idle-but-paused"].paused and not states["emails"].paused
     assert states["emails"].updated_at is None  # never had a setting
+
+
+def test_cli_queue_list_shows_a_queue_whose_tasks_have_all_finished(database_url, conn):
+    pgqueue.enqueue(conn, "report", queue="demo")
+    [claimed] = pgqueue.claim(conn, ["demo"], limit=1, worker_id="w")
+    pgqueue.complete(conn, claimed.lease)
+
+    listed = run_main(database_url, "queue", "list")
+
+    assert listed.code == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[:2] == ["demo", "running"]
+
+
+def test_pausing_an_unknown_queue_is_refused_unless_told_to_create_it(database_url, conn):
+    def rows() -> Any:
+        return conn.execute("SELECT name FROM pgqueue.queues").fetchall()
+
+    with pytest.raises(pgqueue.QueueNotFound, match="create=True"):
+        pgqueue.pause_queue(conn, "emials", create=False)
+    refused = run_main(database_url, "queue", "pause", "emials")
+    assert refused.code == 1 and refused.stdout == ""
+    assert refused.line == (
+        "error: no queue 'emials': it has no tasks and no settings; to pause it before its "
+        "first task, say so: create=True (CLI: --create, HTTP: ?create=true)"
+    )
+    as_json = json.loads(run_main(database_url, "queue", "pause", "emials", "--json").stderr)
+    assert (as_json["error"], as_json["queue"]) == ("not_found", "emials")
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        response = api.request("POST", "/api/v1/queues/emials/pause")
+        assert response.status_code == 404 and response.json()["error"] == "not_found"
+        assert rows() == []
+        created = api.request("POST", "/api/v1/queues/later/pause", params={"create": "true"})
+        assert created.status_code == 200 and created.json()["paused"] is True
+    finally:
+        api.close()
+    assert run_main(database_url, "queue", "pause", "soon", "--create").code == 0
+    pgqueue.enqueue(conn, "send", queue="emails")  # a queue with a task needs no --create
+    assert run_main(database_url, "queue", "pause", "emails").code == 0
+    assert sorted(rows()) == [("emails",), ("later",), ("soon",)]
+
+
+def test_removing_a_queue_forgets_its_settings_and_resumes_it(database_url, conn):
+    task = pgqueue.enqueue(conn, "send", queue="emails").id
+    pgqueue.pause_queue(conn, "emails")
+    pgqueue.pause_queue(conn, "typo")
+
+    removed = run_main(database_url, "--json", "queue", "remove", "typo")
+    again = run_main(database_url, "queue", "remove", "typo")
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        response = api.request("DELETE", "/api/v1/queues/emails")
+    finally:
+        api.close()
+
+    assert json.loads(removed.stdout) == {"name": "typo", "removed": True}
+    assert (again.code, again.stdout.strip()) == (0, "queue 'typo' had no settings")
+    assert response.status_code == 200
+    assert response.json() == {"name": "emails", "removed": True}
+    assert conn.execute("SELECT count(*) FROM pgqueue.queues").fetchone() == (0,)
+    assert claim_ids(conn, "emails") == {task}  # running again
+    assert pgqueue.get_task(conn, task).queue == "emails"  # tasks untouched
+
+
+def test_resuming_a_queue_without_settings_writes_no_row(conn):
+    resumed = pgqueue.resume_queue(conn, "never-paused")
+
+    assert (resumed.paused, resumed.updated_at) == (False, None)
+    assert conn.execute("SELECT count(*) FROM pgqueue.queues").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("name", ["", " ", "x" * 201, "a\x00b", 7])

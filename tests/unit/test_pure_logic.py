@@ -178,3 +178,13 @@ def test_a_payload_nested_past_100_levels_is_invalid_and_so_is_one_past_recursio
     for value in (_nested(101), _nested(5000)):
         with pytest.raises(pgqueue.InvalidPayload, match="nests deeper than 100 levels"):
             encode_payload(value)
+
+
+def test_the_embedded_server_says_when_running_as_root_creates_a_system_user():
+    from pgqueue.embedded import system_user_note
+
+    assert system_user_note(1000, user_exists=False) is None
+    creating = system_user_note(0, user_exists=False)
+    assert creating is not None and "creating system user 'pgserver'" in creating
+    existing = system_user_note(0, user_exists=True)
+    assert existing is not None and "creating" not in existing and "'pgserver'" in existing
