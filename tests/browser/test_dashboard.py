@@ -35,8 +35,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from helpers import run_worker_until
 
 import pgqueue
+from pgqueue.executor import describe
 
 
 def _chromium() -> str | None:
@@ -71,12 +73,26 @@ SCREENSHOTS = os.environ.get("PGQUEUE_SCREENSHOTS")
 HOSTILE_PAYLOAD = '<img src=x onerror="window.__pwned=1">'
 HOSTILE_FIELD = "</pre><script>window.__pwned=2</script>"
 HOSTILE_ERROR = '<img src=x onerror="window.__pwned=3"> ValueError: row 7 is not valid CSV'
-CARD_ERROR = "CardDeclined: card ending 4242 was declined (insufficient_funds)"
+CARD_ERROR = "ValueError: card ending 4242 was declined (insufficient_funds)"
 HOOK_ERROR = "ConnectionError: POST https://hooks.example.com/orders timed out after 10 s"
 WORKER = "web-7:4242"
 
 
 # --- the data --------------------------------------------------------------------------------
+
+
+def raised(exc: Exception) -> str:
+    """The error a worker stores for a handler that raised ``exc``: really raised here, so
+    the text has a real traceback, for the rows a worker cannot make (dated in the past, or
+    retrying an hour from now)."""
+    try:
+        raise exc
+    except Exception as caught:
+        return describe(caught)
+
+
+def capture_payment(payload: dict[str, Any], ctx: Any) -> None:
+    raise ValueError(CARD_ERROR.removeprefix("ValueError: "))
 
 
 @dataclasses.dataclass
@@ -100,6 +116,7 @@ def history(conn: psycopg.Connection[Any], now: datetime) -> tuple[int, int]:
         failed = 2 if ago in (9, 33) else (1 if ago in (17, 18, 44) else 0)
         plan.append((now - timedelta(minutes=ago), done, failed))
     total = sum(d + f for _, d, f in plan)
+    memory_error = raised(MemoryError("image too large"))
     pgqueue.enqueue_many(
         conn, [{"type": "thumbnail.render", "queue": "thumbnails", "max_attempts": 1}] * total
     )
@@ -111,30 +128,32 @@ def history(conn: psycopg.Connection[Any], now: datetime) -> tuple[int, int]:
             batch = [(next(leases).lease, {"width": 320}) for _ in range(done)]
             pgqueue.complete_many(conn, batch, now=at)
             for _ in range(failed):
-                pgqueue.fail(conn, next(leases).lease, "MemoryError: image too large", now=at)
+                pgqueue.fail(conn, next(leases).lease, memory_error, now=at)
             completed += done
             dead += failed
     return completed, dead
 
 
-def dead_letters(
-    conn: psycopg.Connection[Any],
-    type: str,
-    queue: str,
-    payloads: list[dict[str, Any]],
-    error: str,
+def failed_by_a_worker(
+    conn: psycopg.Connection[Any], database_url: str, queue: str, payloads: list[dict[str, Any]]
 ) -> list[uuid.UUID]:
-    """Dead letters of ``queue`` (which must hold no other task), in the order given."""
+    """Dead letters made as in production: a real worker runs ``capture_payment``, which
+    raises ValueError, once each (max_attempts=1)."""
     made = pgqueue.enqueue_many(
-        conn, [{"type": type, "queue": queue, "payload": p, "max_attempts": 1} for p in payloads]
+        conn, [{"type": "payment.capture", "queue": queue, "payload": p} for p in payloads]
     )
-    with conn.transaction():
-        for task in pgqueue.claim(conn, [queue], limit=len(payloads), worker_id="web-2:99"):
-            pgqueue.fail(conn, task.lease, error)
-    return [r.id for r in made]
+    registry = pgqueue.TaskRegistry()
+    registry.handler("payment.capture", max_attempts=1)(capture_payment)
+    ids = [r.id for r in made]
+
+    def all_dead() -> bool:
+        return all(status_of(conn, task_id) == "failed" for task_id in ids)
+
+    run_worker_until(database_url, registry, all_dead, queues=[queue])
+    return ids
 
 
-def seed(conn: psycopg.Connection[Any]) -> Seeded:
+def seed(conn: psycopg.Connection[Any], database_url: str) -> Seeded:
     now = datetime.now(UTC)
     completed_before, dead_before = history(conn, now)
     # Waiting: three priorities in "emails" (one due for two hours), and "reports" with one
@@ -167,14 +186,14 @@ def seed(conn: psycopg.Connection[Any]) -> Seeded:
     )
     with conn.transaction():
         (hook,) = pgqueue.claim(conn, ["webhooks"], limit=1, worker_id="web-2:99")
-        pgqueue.fail(conn, hook.lease, HOOK_ERROR, retry_after=3600)
-    # Dead letters, one of them full of markup.
-    dead = dead_letters(
+        error = raised(ConnectionError(HOOK_ERROR.removeprefix("ConnectionError: ")))
+        pgqueue.fail(conn, hook.lease, error, retry_after=3600)
+    # Dead letters: three a real worker failed, and one full of markup.
+    dead = failed_by_a_worker(
         conn,
-        "payment.capture",
+        database_url,
         "payments",
         [{"order": 1040 + n, "amount_cents": 4999, "card": "visa-4242"} for n in range(3)],
-        CARD_ERROR,
     )
     hostile = pgqueue.enqueue(
         conn,
@@ -263,8 +282,8 @@ def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
 
 
 @pytest.fixture
-def seeded(conn: psycopg.Connection[Any]) -> Seeded:
-    return seed(conn)
+def seeded(conn: psycopg.Connection[Any], database_url: str) -> Seeded:
+    return seed(conn, database_url)
 
 
 @pytest.fixture(scope="module")
@@ -407,16 +426,16 @@ def test_the_overview_shows_depth_age_throughput_running_tasks_and_failures(page
     expect(running.locator('[data-col="lease"]')).to_contain_text(re.compile(r"in (9|10)m"))
     expect(running.locator('[data-col="attempt"]')).to_have_text("1 / 3")
 
-    # Recent failures: the retrying task and the dead letters, with their errors.
+    # Recent failures: the retrying task and the dead letters, each with its exception.
     retrying = row(page, "failures", seeded.retrying)
     expect(retrying).to_have_attribute("data-kind", "retrying")
-    expect(retrying.locator('[data-col="error"]')).to_have_text(HOOK_ERROR)
+    expect(retrying.locator('[data-field="error-summary"]')).to_have_text(HOOK_ERROR)
     expect(retrying.locator('[data-col="attempt"]')).to_have_text("1 / 5")
     expect(retrying.locator('[data-col="state"]')).to_contain_text(re.compile(r"next in (59|60)m"))
     for task_id in seeded.dead:
         dead = row(page, "failures", task_id)
         expect(dead).to_have_attribute("data-kind", "dead")
-        expect(dead.locator('[data-col="error"]')).to_have_text(CARD_ERROR)
+        expect(dead.locator('[data-field="error-summary"]')).to_have_text(CARD_ERROR)
     screenshot(page, "dashboard-overview", full_page=True)
 
 
@@ -458,16 +477,47 @@ def test_a_task_page_shows_payload_result_attempts_and_last_error(page, server, 
     expect(task.locator("h2")).to_have_text("No such task")
 
 
+def test_a_real_failure_shows_its_exception_first_and_its_traceback_on_demand(
+    page, server, seeded, conn
+):
+    """The dead letters a real worker made when capture_payment raised ValueError: every
+    list shows the exception's type and message (not the start of a traceback), and the
+    traceback opens on a click."""
+    stored = pgqueue.get_task(conn, seeded.dead[0]).last_error
+    assert stored is not None and stored.startswith(CARD_ERROR + "\nTraceback (most recent")
+    sign_in(page, server)
+
+    def check(where: Any) -> None:
+        expect(
+            where.locator('[data-field="error-summary"], [data-field="last-error"]')
+        ).to_have_text(CARD_ERROR)
+        trace = where.locator('[data-field="traceback"]')
+        expect(trace.locator("pre")).to_be_hidden()  # on demand only
+        trace.locator("summary").click()
+        expect(trace.locator("pre")).to_be_visible()
+        expect(trace.locator("pre")).to_contain_text("Traceback (most recent call last):")
+        expect(trace.locator("pre")).to_contain_text("in capture_payment")
+        expect(trace.locator("pre")).to_contain_text(re.compile(r"raise ValueError\("))
+
+    check(row(page, "failures", seeded.dead[0]))
+    page.goto(f"{server.base}/dashboard/#/dead-letters")
+    check(row(page, "dead-letters", seeded.dead[1]))
+    page.goto(f"{server.base}/dashboard/#/tasks/{seeded.dead[2]}")
+    check(page.locator("#task"))
+
+
 def test_replay_click_queues_the_dead_letter_again_and_it_leaves_the_list(
     page, server, seeded, conn
 ):
     sign_in(page, server, "#/dead-letters")
     target = row(page, "dead-letters", seeded.dead[0])
-    expect(target.locator('[data-col="error"]')).to_have_text(CARD_ERROR)
+    expect(target.locator('[data-field="error-summary"]')).to_have_text(CARD_ERROR)
     expect(page.locator("#dead-letters tbody tr")).to_have_count(seeded.dead_in_hour)
     screenshot(page, "dashboard-dead-letters", full_page=True)
 
     target.locator("button.replay").click()
+    expect(page.locator("#confirm-text")).to_contain_text(f"task …{str(seeded.dead[0])[-8:]}")
+    page.click("#confirm-ok")
 
     wait_until(lambda: status_of(conn, seeded.dead[0]) == "queued", 20, "the replay")
     attempts = conn.execute(
@@ -480,17 +530,21 @@ def test_replay_click_queues_the_dead_letter_again_and_it_leaves_the_list(
     assert status_of(conn, seeded.dead[1]) == "failed"  # the others are untouched
 
 
-def test_discard_needs_a_second_click_and_then_deletes_the_dead_letter(page, server, seeded, conn):
+def test_discard_asks_for_confirmation_and_then_deletes_the_dead_letter(page, server, seeded, conn):
     sign_in(page, server, "#/dead-letters")
     target = row(page, "dead-letters", seeded.dead[1])
     button = target.locator("button.discard")
 
     button.click()
 
-    expect(button).to_have_text("Really discard?")
-    assert status_of(conn, seeded.dead[1]) == "failed"  # the first click only arms it
+    expect(page.locator("#confirm-title")).to_have_text("Discard 1 dead letter?")
+    page.click("#confirm-cancel")
+    expect(page.locator("#confirm")).to_be_hidden()
+    assert status_of(conn, seeded.dead[1]) == "failed"  # cancelled: nothing changed
 
     button.click()
+    expect(page.locator("#confirm-ok")).to_have_text("Discard 1 task")
+    page.click("#confirm-ok")
 
     wait_until(lambda: status_of(conn, seeded.dead[1]) is None, 20, "the discard")
     expect(target).to_have_count(0)
