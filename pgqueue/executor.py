@@ -14,7 +14,6 @@ import contextvars
 import dataclasses
 import queue
 import threading
-import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -24,12 +23,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue.enqueue import MAX_JSON_DEPTH, json_depth_exceeds
+from pgqueue.error_text import format_exception
 from pgqueue.errors import LeaseLost
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import arun, dumps, run, task_complete
 from pgqueue.registry import Cancel, Handler, Retry
-
-MAX_ERROR_LENGTH = 8000
 
 
 class TaskContext:
@@ -133,9 +131,9 @@ Outcome = Completed | Recorded | Failed | Cancelled | Lost
 
 
 def describe(exc: BaseException) -> str:
-    """The error text stored as last_error: type, message and the traceback's last frames."""
-    tb = "".join(traceback.format_exception(exc, limit=-6))
-    return tb[-MAX_ERROR_LENGTH:]
+    """The error text stored as last_error: the exception's type and message first, then the
+    traceback's innermost frames (pgqueue.error_text, where readers split it again)."""
+    return format_exception(exc)
 
 
 def _encode_result(value: Any) -> Completed | Failed:

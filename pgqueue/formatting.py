@@ -1,8 +1,8 @@
 """Plain-text output for people: aligned tables, key/value blocks, ages and timestamps.
 
-No dependencies. Every cell goes through :func:`clean`, so text that came from outside
-(payloads, error messages) can neither break the alignment nor send escape sequences to the
-terminal.
+No dependencies but the error layout (pgqueue.error_text). Every cell goes through
+:func:`clean`, so text that came from outside (payloads, error messages) can neither break
+the alignment nor send escape sequences to the terminal.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+
+from pgqueue.error_text import split_error
 
 MISSING = "-"
 
@@ -39,13 +41,9 @@ def width(text: str) -> int:
 
 
 def headline(error: str, limit: int) -> str:
-    """The line of an error message that says most: the last line of a Python traceback
-    (the exception itself), else the first line; cut to ``limit`` characters."""
-    lines = [line for line in error.strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    line = lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]
-    line = line.strip()
+    """The line of a stored error that says most: the first line of its summary (the
+    exception itself, pgqueue.error_text.split_error); cut to ``limit`` characters."""
+    line = split_error(error).headline.strip()
     return line if len(line) <= limit else line[: max(limit - 1, 0)].rstrip() + "…"
 
 

@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pgqueue.error_text import split_error
+
 ENV_TRACING = "PGQUEUE_TRACING"
 INSTRUMENTATION = "pgqueue"
 
@@ -170,5 +172,5 @@ def record_failure(span: Any, error: str) -> None:
         return
     from opentelemetry.trace import Status, StatusCode
 
-    span.set_status(Status(StatusCode.ERROR, error.strip().splitlines()[-1][:200] if error else ""))
-    span.set_attribute("pgqueue.error", error[-2000:])
+    span.set_status(Status(StatusCode.ERROR, split_error(error).headline[:200] if error else ""))
+    span.set_attribute("pgqueue.error", error[:2000])  # the summary first, then the traceback
