@@ -20,8 +20,8 @@ import typer
 from pgqueue import operations as ops
 from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
 from pgqueue.cli.database import connection, open_client
-from pgqueue.cli.errors import UsageProblem
-from pgqueue.cli.output import emit, more_hint
+from pgqueue.cli.errors import Declined, UsageProblem
+from pgqueue.cli.output import emit, error_lines, more_hint
 from pgqueue.cli.state import state
 from pgqueue.client import Client
 from pgqueue.errors import InvalidTaskState, PgQueueError, TaskNotFound
@@ -95,7 +95,7 @@ def dlq_show(task_id: TaskIdArg) -> None:
         pairs.append(("idempotency key", task.idempotency_key))
     pairs += [
         ("payload", json.dumps(task.payload, indent=2, ensure_ascii=False)),
-        ("last error", task.last_error or MISSING),
+        *error_lines(task),
     ]
     emit(task.to_dict(), key_values(pairs))
 
@@ -196,19 +196,54 @@ def _missing(client: Client, wanted: Sequence[uuid.UUID], done: Sequence[uuid.UU
     return out
 
 
+def check_dead_letters(client: Client, ids: Sequence[uuid.UUID], past: str) -> None:
+    """Refuse a selection by id that names anything but dead letters, before touching any:
+    acting on the rest would leave the operator to work out what happened from a partial
+    report, and a refused command writes nothing."""
+    problems: list[tuple[uuid.UUID, str | None]] = []
+    with client.connection() as conn:
+        for task_id in ids:
+            try:
+                found = ops.get_task(conn, task_id).status
+            except TaskNotFound:
+                problems.append((task_id, None))
+                continue
+            if found is not TaskStatus.FAILED:
+                problems.append((task_id, found.value))
+    if not problems:
+        return
+    if len(problems) == 1 and len(ids) == 1:
+        task_id, status = problems[0]
+        if status is None:
+            raise TaskNotFound(task_id)
+        raise InvalidTaskState(
+            task_id,
+            status,
+            f"not a dead letter, so nothing was {past}; `pgqueue status {task_id}` shows it",
+        )
+    listed = ", ".join(
+        f"{task_id} (no such task)" if status is None else f"{task_id} (status {status!r})"
+        for task_id, status in problems
+    )
+    raise PgQueueError(
+        f"{len(problems)} of {len(ids)} tasks are not dead letters, so none was {past}: {listed}"
+    )
+
+
 def _dead_letter_action(
     verb: str,
     past: str,
     action: Callable[..., list[uuid.UUID]],
     client: Client,
-    task_ids: Sequence[str],
+    ids: Sequence[uuid.UUID] | None,
     task_type: str | None,
     queue: str | None,
     batch_size: int,
     total: int | None,
 ) -> None:
-    """What replay and discard share, so that both select, batch, report and fail alike."""
-    ids = list(dict.fromkeys(ops.parse_task_id(i) for i in task_ids)) if task_ids else None
+    """What replay and discard share, so that both select, batch, report and fail alike.
+    ``ids`` have passed :func:`check_dead_letters`; one can still have changed since (a
+    replayed task a worker has just taken), which the report then names."""
     if ids is not None:
         total = len(ids)
     with _progress(total, f"{verb}ing dead letters") as advance:
@@ -221,9 +256,14 @@ def _dead_letter_action(
     emit(data, f"{past} {len(done)} {noun}")
     if missing:
         raise PgQueueError(
-            f"{len(missing)} of {len(ids or [])} tasks were not {past} (not dead letters): "
-            + ", ".join(missing)
+            f"{len(missing)} of {len(ids or [])} tasks were not {past} (not dead letters "
+            "any more): " + ", ".join(missing)
         )
+
+
+def _selected_ids(task_ids: Sequence[str]) -> list[uuid.UUID] | None:
+    """The ids given, parsed (a malformed one is "no such task") and without repeats."""
+    return list(dict.fromkeys(ops.parse_task_id(i) for i in task_ids)) if task_ids else None
 
 
 @group.command("replay")
@@ -237,31 +277,37 @@ def dlq_replay(
     """Move dead letters back to queued with fresh attempts: by id, --all, or --type/--queue."""
     filtered = task_type is not None or queue is not None
     _check_selection(task_ids or [], everything, filtered, "replay")
+    ops.check_filters(type=task_type, queue=queue)
+    ids = _selected_ids(task_ids or [])
     with open_client() as client:
         total = None
-        if not task_ids and task_type is None and not state.json and is_terminal(sys.stderr):
+        if ids is not None:
+            check_dead_letters(client, ids, "replayed")
+        elif task_type is None and not state.json and is_terminal(sys.stderr):
             total = _dead_letter_count(client, queue)
         _dead_letter_action(
-            "replay",
-            "replayed",
-            ops.replay,
-            client,
-            task_ids or [],
-            task_type,
-            queue,
-            batch_size,
-            total,
+            "replay", "replayed", ops.replay, client, ids, task_type, queue, batch_size, total
         )
 
 
-def _confirm(question: str) -> bool:
-    """Ask on stderr (stdout stays clean for --json); end the line when stdin is not a
-    terminal, since the answer read from it is not echoed."""
-    try:
-        return typer.confirm(question, err=True)
-    finally:
-        if not is_terminal(sys.stdin):
-            typer.echo("", err=True)
+def confirm(question: str, refused: str) -> None:
+    """Ask ``question`` (y/N) on stderr and read the answer from stdin; return only on yes.
+
+    Without a terminal on stdin there is no one to ask, and an answer read from a pipe is
+    not a person's: that is a usage error telling to pass ``--yes``. The answer is read with
+    ``readline``, not ``input``, which would write its prompt's space to stdout, where a
+    program may be reading the command's answer."""
+    if not is_terminal(sys.stdin):
+        raise UsageProblem(
+            f"{question} stdin is not a terminal, so no one can be asked: pass --yes to go "
+            f"ahead (nothing was {refused})"
+        )
+    typer.echo(f"{question} [y/N]: ", nl=False, err=True)
+    answer = sys.stdin.readline()
+    if not answer.endswith("\n"):  # end of input: end the prompt's line
+        typer.echo("", err=True)
+    if answer.strip().lower() not in ("y", "yes"):
+        raise Declined(f"aborted: nothing was {refused}")
 
 
 @group.command("discard")
@@ -270,36 +316,35 @@ def dlq_discard(
     everything: AllFlag = False,
     task_type: TypeFilter = None,
     queue: QueueFilter = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Do not ask for confirmation (needed when stdin is not a terminal)."
+        ),
+    ] = False,
     batch_size: BatchSize = 1000,
 ) -> None:
     """Delete dead letters for good: by id, --all, or --type/--queue. Asks first unless --yes."""
     filtered = task_type is not None or queue is not None
     _check_selection(task_ids or [], everything, filtered, "discard")
+    ops.check_filters(type=task_type, queue=queue)
+    ids = _selected_ids(task_ids or [])
     with open_client() as client:
         total = None
-        if not task_ids and task_type is None:
+        if ids is not None:
+            check_dead_letters(client, ids, "discarded")
+        elif task_type is None:
             total = _dead_letter_count(client, queue)
         if not yes and total != 0:
-            if task_ids:
-                what = f"{len(set(task_ids))} dead letter(s)"
+            if ids is not None:
+                what = f"{len(ids)} dead letter(s)"
             elif total is not None:
                 what = f"all {total} dead letter(s)" + (f" of queue {queue!r}" if queue else "")
             else:
                 what = f"every dead letter of type {task_type!r}" + (
                     f" in queue {queue!r}" if queue else ""
                 )
-            if not _confirm(f"Permanently delete {what}?"):
-                typer.echo("aborted: nothing was discarded", err=True)
-                raise typer.Exit(1)
+            confirm(f"Permanently delete {what}?", "discarded")
         _dead_letter_action(
-            "discard",
-            "discarded",
-            ops.discard,
-            client,
-            task_ids or [],
-            task_type,
-            queue,
-            batch_size,
-            total,
+            "discard", "discarded", ops.discard, client, ids, task_type, queue, batch_size, total
         )
