@@ -95,10 +95,13 @@ SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
               %(backoff_factors)s::real[], %(backoff_caps)s::real[],
               %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
-              %(delays)s::double precision[], %(explicits)s::boolean[])
+              %(delays)s::double precision[], %(explicits)s::boolean[]) WITH ORDINALITY
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
-            backoff_cap, idempotency_key, run_at, delay, explicit)
+            backoff_cap, idempotency_key, run_at, delay, explicit, n)
        LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
+ -- In the caller's order, whatever the join: of two tasks in one batch with the same key,
+ -- the first is the one created.
+ ORDER BY v.n
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, visible_after, created_at, max_attempts;
 

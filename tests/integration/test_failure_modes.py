@@ -81,8 +81,13 @@ def one_line_error(result: CliResult, code: int = 1) -> str:
     assert result.code == code, result
     assert "Traceback" not in result.stdout + result.stderr, result
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert len(lines) == 1, result.stderr
     assert result.stdout == "", result.stdout
+    if lines[0].startswith("{"):  # under --json: one JSON document, the same exit code
+        error = json.loads(lines[0])
+        assert error["exit_code"] == code and error["error"], error
+        return f"error: {error['message']}"
+    assert lines[0].startswith("error: "), result.stderr
     return lines[0]
 
 
