@@ -16,8 +16,12 @@ from pgqueue.errors import ConfigurationError, InvalidDatabaseURL
 
 ENV_DATABASE_URL = "PGQUEUE_DATABASE_URL"
 ENV_MAX_PAYLOAD_BYTES = "PGQUEUE_MAX_PAYLOAD_BYTES"
+ENV_MAX_RESULT_BYTES = "PGQUEUE_MAX_RESULT_BYTES"
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# A result is stored in the task's row like its payload, read back by `pgqueue status`, the
+# API and the dashboard: the same bound keeps a runaway handler from bloating the table.
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_QUEUE = "default"
 MAX_NAME_LENGTH = 200
 
@@ -119,20 +123,30 @@ def resolve_database_url(url: str | None) -> str:
     return embedded.database_url()
 
 
-def max_payload_bytes() -> int:
-    """The payload size limit: ``PGQUEUE_MAX_PAYLOAD_BYTES`` or 1 MiB."""
-    raw = os.environ.get(ENV_MAX_PAYLOAD_BYTES)
+def _byte_limit(name: str, default: int) -> int:
+    """A size limit from the environment variable ``name``: a positive integer, or
+    ``default`` when unset or blank; anything else is a ConfigurationError naming ``name``."""
+    raw = os.environ.get(name)
     if raw is None or not raw.strip():
-        return DEFAULT_MAX_PAYLOAD_BYTES
+        return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigurationError(
-            f"{ENV_MAX_PAYLOAD_BYTES} must be an integer, not {raw!r}"
-        ) from None
+        raise ConfigurationError(f"{name} must be an integer, not {raw!r}") from None
     if value < 1:
-        raise ConfigurationError(f"{ENV_MAX_PAYLOAD_BYTES} must be positive, not {value}")
+        raise ConfigurationError(f"{name} must be positive, not {value}")
     return value
+
+
+def max_payload_bytes() -> int:
+    """The payload size limit: ``PGQUEUE_MAX_PAYLOAD_BYTES`` or 1 MiB."""
+    return _byte_limit(ENV_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PAYLOAD_BYTES)
+
+
+def max_result_bytes() -> int:
+    """The result size limit (a handler's return value, or ``complete``'s ``result``, as
+    compact UTF-8 JSON): ``PGQUEUE_MAX_RESULT_BYTES`` or 1 MiB."""
+    return _byte_limit(ENV_MAX_RESULT_BYTES, DEFAULT_MAX_RESULT_BYTES)
 
 
 ENV_SNAPSHOT_WARN_SECONDS = "PGQUEUE_SNAPSHOT_WARN_SECONDS"
