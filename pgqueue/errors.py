@@ -45,6 +45,27 @@ class PayloadTooLarge(InvalidPayload):
         self.limit = limit
 
 
+class InvalidResult(ValidationError):
+    """A task's result (a handler's return value, or ``complete``'s ``result``) cannot be
+    stored; nothing was written. ``task_id`` names the task; the message names its type and
+    attempt too when the worker knows them."""
+
+    def __init__(self, task_id: object, subject: str, message: str) -> None:
+        super().__init__("result", f"result of {subject} {message}")
+        self.task_id = task_id
+
+
+class ResultTooLarge(InvalidResult):
+    def __init__(self, task_id: object, subject: str, size: int, limit: int) -> None:
+        super().__init__(
+            task_id,
+            subject,
+            f"is {size:,} bytes, over the {limit:,}-byte limit PGQUEUE_MAX_RESULT_BYTES",
+        )
+        self.size = size
+        self.limit = limit
+
+
 class ConfigurationError(PgQueueError):
     """A setting (argument or environment variable) is invalid."""
 

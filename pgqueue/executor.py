@@ -22,12 +22,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgqueue.enqueue import MAX_JSON_DEPTH, json_depth_exceeds
 from pgqueue.error_text import format_exception
-from pgqueue.errors import LeaseLost
+from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask
-from pgqueue.queries import arun, dumps, run, task_complete
+from pgqueue.queries import arun, run, task_complete
 from pgqueue.registry import Cancel, Handler, Retry
+from pgqueue.result_encoding import encode_result
 
 
 class TaskContext:
@@ -113,8 +113,13 @@ class Recorded:
 
 @dataclasses.dataclass(frozen=True)
 class Failed:
+    """A failed attempt: retried (after ``retry_after`` seconds, else the backoff) or
+    dead-lettered when attempts are spent; ``dead`` dead-letters it at once, for a failure
+    that would only repeat (a result that cannot be stored)."""
+
     error: str
     retry_after: float | None = None
+    dead: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,16 +141,15 @@ def describe(exc: BaseException) -> str:
     return format_exception(exc)
 
 
-def _encode_result(value: Any) -> Completed | Failed:
+def _encode_result(value: Any, task: ClaimedTask, limit: int | None) -> Completed | Failed:
+    """A handler's return value as an outcome: a result that cannot be stored fails the
+    attempt and dead-letters the task at once, since the handler would only return the same
+    again (the stored error says why, exception first, as error_text lays errors out)."""
     try:
-        text = None if value is None else dumps(value)
-    except (TypeError, ValueError) as exc:
-        return Failed(f"handler returned a value that is not JSON-serialisable: {exc}")
-    except RecursionError:
-        text = "[" * (MAX_JSON_DEPTH + 1)  # deeper than anything: refused just below
-    if text is not None and json_depth_exceeds(text.encode("utf-8", "surrogatepass")):
-        return Failed(f"handler returned a value nested deeper than {MAX_JSON_DEPTH} levels")
-    return Completed(text)
+        subject = f"task {task.id} ({task.type}, attempt {task.attempts})"
+        return Completed(encode_result(value, task.id, subject=subject, limit=limit))
+    except InvalidResult as exc:
+        return Failed(f"{type(exc).__name__}: {exc.reason}", dead=True)
 
 
 def _from_exception(exc: BaseException) -> Outcome:
@@ -225,10 +229,13 @@ class DaemonThreadPool:
 
 
 class Executor:
-    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool."""
+    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool.
+    ``max_result_bytes`` bounds what a handler may return (None: read from the environment
+    for each task; a worker passes the value it read once when it was built)."""
 
-    def __init__(self, threads: DaemonThreadPool) -> None:
+    def __init__(self, threads: DaemonThreadPool, *, max_result_bytes: int | None = None) -> None:
         self.threads = threads
+        self.max_result_bytes = max_result_bytes
 
     async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
         if handler is None:
@@ -258,7 +265,7 @@ class Executor:
                 return Failed(f"timed out after {handler.timeout} s")
             await _rollback_async(ctx)
             return _from_exception(exc)
-        outcome = _encode_result(value)
+        outcome = _encode_result(value, task, self.max_result_bytes)
         if ctx._aconn is not None and isinstance(outcome, Completed):
             return await _commit_async(ctx, outcome)
         await _rollback_async(ctx)
@@ -271,7 +278,7 @@ class Executor:
             except Exception as exc:
                 _rollback_sync(ctx)
                 return _from_exception(exc)
-            outcome = _encode_result(value)
+            outcome = _encode_result(value, task, self.max_result_bytes)
             if ctx._conn is not None and isinstance(outcome, Completed):
                 return _commit_sync(ctx, outcome)
             _rollback_sync(ctx)

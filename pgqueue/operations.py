@@ -42,6 +42,7 @@ from pgqueue.models import (
     ThroughputPoint,
 )
 from pgqueue.queries import HeartbeatResult, Op, TaskSpec, atomic_operation, mapped, operation
+from pgqueue.result_encoding import encode_result
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -198,7 +199,10 @@ def list_args(
 
 
 def _results(results: Iterable[tuple[Lease, Any]]) -> list[tuple[Lease, str | None]]:
-    return [(lease, None if value is None else queries.dumps(value)) for lease, value in results]
+    """Every result encoded by the worker's rule (InvalidResult, ResultTooLarge) before
+    anything is written."""
+    limit = config.max_result_bytes()
+    return [(lease, encode_result(value, lease.task_id, limit=limit)) for lease, value in results]
 
 
 # --- producing -------------------------------------------------------------------------------

@@ -748,13 +748,18 @@ def task_fail(
     delay: float | None = None,
     now: datetime | None = None,
     policy: RetryPolicy | None = None,
+    *,
+    dead: bool = False,
 ) -> Op[FailResult]:
+    """A failed attempt: retried after backoff, or dead-lettered when attempts are spent
+    (``dead``: at once, attempts left or not)."""
     rows = yield Query(
         "task_fail",
         {
             "id": lease.task_id,
             "token": lease.token,
             "error": error,
+            "dead": dead,
             "delay": delay,
             "now": now,
             "max_attempts": policy.max_attempts if policy else None,

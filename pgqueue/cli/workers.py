@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pgqueue.cli.state import state
-from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, max_result_bytes
 from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
@@ -167,6 +167,7 @@ def worker(
     _check_metrics_ports(metrics_port, processes)
     for name in queue or []:  # before any connection: a queue no task can be in
         check_name("queue", name)
+    max_result_bytes()  # a bad PGQUEUE_MAX_RESULT_BYTES: refused here, not by N children
     options = WorkerOptions(
         queues=queue or [DEFAULT_QUEUE],
         concurrency=concurrency,

@@ -446,6 +446,8 @@ RETURNING t.id;
 -- An explicit delay (a handler's Retry(after=...)) replaces the computed backoff. A retry
 -- policy given here (the task type's, from the worker's registry) replaces the row's and is
 -- stored, so the sweep applies it too.
+-- `dead` dead-letters it now, attempts left or not: a failure no retry can mend (a result
+-- too large to store), which would otherwise fail every attempt in turn.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 policy AS (
     SELECT id,
@@ -459,7 +461,7 @@ policy AS (
 decision AS (
     -- Cancellation was requested: this attempt was the last, whatever its attempts say.
     SELECT p.*, CASE WHEN t.cancel_requested THEN 'cancelled'
-                     WHEN t.attempts >= p.max_attempts THEN 'failed'
+                     WHEN %(dead)s::boolean OR t.attempts >= p.max_attempts THEN 'failed'
                      ELSE 'queued' END AS next_status
       FROM policy AS p JOIN pgqueue.tasks AS t USING (id)
 )

@@ -31,7 +31,8 @@ from pgqueue.executor import (
     TaskContext,
 )
 from pgqueue.log import event, logger
-from pgqueue.models import ClaimedTask, FailOutcome, Lease
+from pgqueue.models import ClaimedTask, FailOutcome, FailResult, Lease
+from pgqueue.queries import arun, task_fail
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.config import WorkerConfig
@@ -57,6 +58,7 @@ class Runner:
         slots: Slots,
         completer: Completer,
         pools: HandlerPools,
+        max_result_bytes: int | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
         self._config = config
@@ -67,12 +69,13 @@ class Runner:
         self._running = slots.running
         self._completer = completer
         self._pools = pools
+        self._max_result_bytes = max_result_bytes
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
 
     def open(self) -> None:
         self._threads = DaemonThreadPool(self._config.concurrency)
-        self._executor = Executor(self._threads)
+        self._executor = Executor(self._threads, max_result_bytes=self._max_result_bytes)
 
     def close(self) -> None:
         if self._threads is not None:
@@ -179,11 +182,7 @@ class Runner:
         # The row's policy decides, not this worker's registry: it is what the caller gave,
         # or the type's declaration (applied at enqueue, or at the claim for a task enqueued
         # before it), so the attempts logged, listed and enforced are the same number.
-        result = await self._db.call(
-            lambda c: _fenced(
-                aio.fail(c, task.lease, outcome.error, retry_after=outcome.retry_after)
-            )
-        )
+        result = await self._db.call(lambda c: _fenced(_fail(c, task.lease, outcome)))
         self._metrics.task_failed(task, result or None)
         summary = split_error(outcome.error).headline or "error"
         if result is None or result is False:
@@ -207,6 +206,12 @@ class Runner:
                 retry_in_s=round(max(wait, 0), 2),
                 error=summary,
             )
+
+
+async def _fail(conn: Any, lease: Lease, outcome: Failed) -> FailResult:
+    if outcome.dead:  # no retry would mend it: dead-letter now, attempts left or not
+        return await arun(conn, task_fail(lease, outcome.error, dead=True))
+    return await aio.fail(conn, lease, outcome.error, retry_after=outcome.retry_after)
 
 
 async def _cancel(conn: Any, lease: Lease, reason: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import aio
-from pgqueue.config import resolve_database_url
+from pgqueue.config import max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
 from pgqueue.registry import TaskRegistry
@@ -47,6 +47,10 @@ class Worker:
         database_url: str | None = None,
         config: WorkerConfig | None = None,
     ) -> None:
+        # Read once, first: a bad PGQUEUE_MAX_RESULT_BYTES stops the worker before it starts
+        # anything (the embedded server included), not at its first result, and no task pays
+        # for reading the environment.
+        self._max_result_bytes = max_result_bytes()
         self.registry = registry
         self.database_url = resolve_database_url(database_url)
         self.config = config or WorkerConfig()
@@ -71,6 +75,7 @@ class Worker:
             slots=slots,
             completer=self._completer,
             pools=self._pools,
+            max_result_bytes=self._max_result_bytes,
         )
         self._claimer = Claimer(
             cfg,
