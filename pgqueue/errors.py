@@ -7,7 +7,8 @@ would be accepted instead.
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, Literal
 
 
 class PgQueueError(Exception):
@@ -130,3 +131,54 @@ class LeaseLost(PgQueueError):
     def __init__(self, task_id: object) -> None:
         super().__init__(f"task {task_id}: lease lost; the outcome was not recorded")
         self.task_id = task_id
+
+
+ComparedField = Literal["type", "queue", "payload"]  # what a refused key reuse differs in
+
+
+class IdempotencyConflict(PgQueueError):
+    """An idempotency key was reused for a different task, and the submit asked to be refused
+    then (``key_reuse="refuse"``) rather than handed the original, as payment APIs do.
+
+    A reuse that matches the original's type, queue and payload (JSON equality: key order and
+    spacing do not matter) is the same request retried and returns the original; this error
+    means at least one of them differs, and ``differing_fields`` says which, in the order
+    ``type``, ``queue``, ``payload``. ``task_id`` is the task that holds the key. In a batch,
+    ``index`` is the refused item's position, and ``original_index`` the position of the
+    earlier item of the same batch that holds the key, if one does (its ``task_id`` then names
+    a task that was not written, since the whole batch is refused).
+
+    Nothing was written, and no SQL error was raised: the caller's transaction is still
+    usable, and whatever it did before the call stands.
+    """
+
+    def __init__(
+        self,
+        idempotency_key: str,
+        task_id: uuid.UUID,
+        differing_fields: tuple[ComparedField, ...],
+        *,
+        original_type: str,
+        original_queue: str,
+        index: int | None = None,
+        original_index: int | None = None,
+    ) -> None:
+        named = f"type {original_type!r}, queue {original_queue!r}"
+        if original_index is None:
+            where = f"task {task_id} ({named})"
+        else:
+            where = f"item {original_index} of this batch (task {task_id}, {named})"
+        refused = "this task" if index is None else f"item {index} of the batch"
+        nothing = "nothing was written" if index is None else "none of the batch was written"
+        super().__init__(
+            f"idempotency key {idempotency_key!r} is already held by {where}, and {refused} "
+            f"differs from it in {', '.join(differing_fields)}; {nothing} (key_reuse='refuse': "
+            "submit the same type, queue and payload to get the original back, or use a new key)"
+        )
+        self.idempotency_key = idempotency_key
+        self.task_id = task_id
+        self.differing_fields = differing_fields
+        self.original_type = original_type
+        self.original_queue = original_queue
+        self.index = index
+        self.original_index = original_index

@@ -79,6 +79,31 @@ class Priority(enum.IntEnum):
         return self.name.lower()
 
 
+class KeyReuse(enum.StrEnum):
+    """What a submit does when its idempotency key is already held by another task.
+
+    - ``return`` (the default): insert nothing and return the original task, whatever was
+      submitted this time.
+    - ``refuse``: return the original only when this submit has its type, queue and payload
+      (JSON equality); otherwise raise IdempotencyConflict, as payment APIs refuse a key
+      reused with other parameters. Other options (priority, run time, attempts) are not
+      compared: a retry may well compute another delay.
+    """
+
+    RETURN = "return"
+    REFUSE = "refuse"
+
+    @classmethod
+    def parse(cls, value: object) -> KeyReuse:
+        """Accept a KeyReuse or its value (any case, surrounding spaces ignored), as a
+        priority is accepted; anything else is a ValidationError naming ``key_reuse``."""
+        if isinstance(value, KeyReuse):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("return", "refuse"):
+            return cls(value.strip().lower())
+        raise ValidationError("key_reuse", f"must be 'return' or 'refuse', not {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with jitter and a cap.

@@ -27,6 +27,7 @@ from pgqueue.models import (
     EnqueueResult,
     FailResult,
     Failure,
+    KeyReuse,
     Lease,
     Limit,
     LimitKind,
@@ -158,6 +159,10 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
         elif isinstance(item, Mapping):
             if "type" not in item:
                 raise ValidationError("type", "is required")
+            if "key_reuse" in item:
+                raise ValidationError(
+                    "key_reuse", "is an option of the batch: enqueue_many(..., key_reuse=...)"
+                )
             if "max_payload_bytes" in item:
                 out.append(prepare(**item))
             else:
@@ -210,41 +215,59 @@ def _results(results: Iterable[tuple[Lease, Any]]) -> list[tuple[Lease, str | No
 
 @operation
 def enqueue(
-    type: str, payload: Mapping[str, Any] | None = None, **options: Any
+    type: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    key_reuse: KeyReuse | str = "return",
+    **options: Any,
 ) -> Op[EnqueueResult]:
     """Submit one task in the caller's transaction.
 
     Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
     ``idempotency_key``, ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``,
     ``retry`` (a RetryPolicy). With an idempotency key that was already used, nothing is
-    inserted and the original task comes back with ``created=False``.
+    inserted and the original task comes back with ``created=False``, whatever was submitted
+    this time; with ``key_reuse="refuse"``, only if this submit has the original's type, queue
+    and payload (JSON equality), else IdempotencyConflict is raised, naming the original and
+    the fields that differ. Nothing is written then, and the transaction is still usable.
     """
     now = options.pop("now", None)
-    return _insert(prepare(type, payload, **options), now)
+    reuse = KeyReuse.parse(key_reuse)
+    return _insert(prepare(type, payload, **options), now, reuse)
 
 
-def _insert(spec: TaskSpec, now: datetime | None) -> Op[EnqueueResult]:
+def _insert(spec: TaskSpec, now: datetime | None, key_reuse: KeyReuse) -> Op[EnqueueResult]:
     with tracing.submit_span(spec.type, spec.queue) as trace_context:
-        task, created = yield from queries.task_insert(spec, now, trace_context)
+        task, created = yield from queries.task_insert(spec, now, trace_context, key_reuse)
     return EnqueueResult(task, created)
 
 
 @atomic_operation
 def enqueue_many(
-    tasks: Iterable[TaskSpec | Mapping[str, Any]], *, now: datetime | None = None
+    tasks: Iterable[TaskSpec | Mapping[str, Any]],
+    *,
+    key_reuse: KeyReuse | str = "return",
+    now: datetime | None = None,
 ) -> Op[list[EnqueueResult]]:
     """Submit many tasks in one statement; results come back in the order given.
 
     Items are ``pgqueue.prepare(...)`` results or dicts of enqueue's arguments. Every item is
     validated before anything is written, so one bad item rejects the whole batch.
+    ``key_reuse`` is enqueue's, for the whole batch. Of two items with the same idempotency
+    key, the first is created and the second gets it back; with ``key_reuse="refuse"``, an
+    item that differs from its key's holder (an older task or an earlier item) raises
+    IdempotencyConflict (``.index`` says which item) and none of the batch is written.
     """
-    return _insert_many(as_specs(tasks), now)
+    reuse = KeyReuse.parse(key_reuse)
+    return _insert_many(as_specs(tasks), now, reuse)
 
 
-def _insert_many(specs: list[TaskSpec], now: datetime | None) -> Op[list[EnqueueResult]]:
+def _insert_many(
+    specs: list[TaskSpec], now: datetime | None, key_reuse: KeyReuse
+) -> Op[list[EnqueueResult]]:
     type_, queue = tracing.batch_names({s.type for s in specs}, {s.queue for s in specs})
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
-        rows = yield from queries.task_insert_many(specs, now, trace_context)
+        rows = yield from queries.task_insert_many(specs, now, trace_context, key_reuse)
     return [EnqueueResult(t, c) for t, c in rows]
 
 

@@ -25,12 +25,20 @@ from psycopg.types.json import Jsonb
 
 from pgqueue import db
 from pgqueue.cron import Schedule
-from pgqueue.errors import DatabaseUnavailable, LeaseLost, SchemaNotReady, TaskNotFound
+from pgqueue.errors import (
+    ComparedField,
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    LeaseLost,
+    SchemaNotReady,
+    TaskNotFound,
+)
 from pgqueue.models import (
     ClaimedTask,
     FailOutcome,
     FailResult,
     Failure,
+    KeyReuse,
     Lease,
     Limit,
     LimitKind,
@@ -361,9 +369,14 @@ def _inserted(
 
 
 def task_insert(
-    spec: TaskSpec, now: datetime | None = None, trace_context: Mapping[str, str] | None = None
+    spec: TaskSpec,
+    now: datetime | None = None,
+    trace_context: Mapping[str, str] | None = None,
+    key_reuse: KeyReuse = KeyReuse.RETURN,
 ) -> Op[tuple[Task, bool]]:
-    """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing)."""
+    """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing).
+    A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue or
+    payload, raises IdempotencyConflict (no SQL error: the transaction stays usable)."""
     rows = yield Query(
         "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
         {
@@ -390,10 +403,54 @@ def task_insert(
         return _inserted(spec, row["created_at"], row["visible_after"], row["max_attempts"]), True
     # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
-    rows = yield Query("task_get_by_keys", {"keys": [spec.idempotency_key]})
+    rows = yield from _holders([spec], key_reuse)
     if not rows:  # the winner rolled back between our two statements: insert again
-        return (yield from task_insert(spec, now, trace_context))
+        return (yield from task_insert(spec, now, trace_context, key_reuse))
+    if key_reuse is KeyReuse.REFUSE:
+        _refuse_if_different(spec, rows[0])
     return Task.from_row(rows[0]), False
+
+
+def _holders(specs: Sequence[TaskSpec], key_reuse: KeyReuse) -> Op[list[Row]]:
+    """The tasks holding these specs' keys: one row per key, or, to refuse a different reuse,
+    one per spec, compared in SQL (jsonb equality) with what it submitted."""
+    keys = [s.idempotency_key for s in specs]
+    if key_reuse is KeyReuse.RETURN:
+        return (yield Query("task_get_by_keys", {"keys": keys}))
+    payloads = [s.payload_json for s in specs]
+    return (
+        yield Query(
+            "task_get_by_keys_compared", {"keys": keys, "payloads": payloads}, prepare=False
+        )
+    )
+
+
+def _refuse_if_different(
+    spec: TaskSpec,
+    holder: Row,
+    index: int | None = None,
+    batch: Mapping[uuid.UUID, int] | None = None,
+) -> None:
+    """Raise IdempotencyConflict when ``holder`` (a task_get_by_keys_compared row) is not what
+    ``spec`` submitted: another type, queue or payload. ``batch`` maps the ids this batch
+    inserted to their positions, to say when the holder is an earlier item of it."""
+    compared: tuple[tuple[ComparedField, bool], ...] = (
+        ("type", holder["type"] == spec.type),
+        ("queue", holder["queue"] == spec.queue),
+        ("payload", holder["same_payload"]),
+    )
+    differing = tuple(field for field, same in compared if not same)
+    if differing:
+        assert spec.idempotency_key is not None
+        raise IdempotencyConflict(
+            spec.idempotency_key,
+            holder["id"],
+            differing,
+            original_type=holder["type"],
+            original_queue=holder["queue"],
+            index=index,
+            original_index=(batch or {}).get(holder["id"]),
+        )
 
 
 _COPY_TYPES = (
@@ -451,14 +508,18 @@ def task_insert_many(
     specs: Sequence[TaskSpec],
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
+    key_reuse: KeyReuse = KeyReuse.RETURN,
 ) -> Op[list[tuple[Task, bool]]]:
     """Insert many tasks: those without an idempotency key by binary COPY (no conflict is
     possible), those with one by a single INSERT ... ON CONFLICT over arrays. The batch shares
-    one ``trace_context`` (one submit span)."""
+    one ``trace_context`` (one submit span). Of two items with one key, the first is created;
+    with ``key_reuse`` REFUSE, an item whose key's holder (older, or an earlier item) differs
+    raises IdempotencyConflict after the rows this batch inserted are deleted again."""
     trace = _trace_json(trace_context)
     if not specs:
         return []
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
+    inserted_ids: list[uuid.UUID] = []  # all a refusal has to undo
     plain = [s for s in specs if s.idempotency_key is None]
     if plain:
         types = sorted({s.type for s in plain})
@@ -480,10 +541,18 @@ def task_insert_many(
             )  # fmt: skip
             results[s.id] = (_inserted(s, clock, visible_after, attempts), True)
         yield Copy("task_copy", _COPY_TYPES, rows)
+        inserted_ids.extend(s.id for s in plain)
     keyed = [s for s in specs if s.idempotency_key is not None]
     if keyed:
-        pairs = zip(keyed, (yield from _insert_keyed(keyed, now, trace_context)), strict=True)
-        for s, result in pairs:
+        try:
+            keyed_results = yield from _insert_keyed(
+                keyed, now, trace_context, key_reuse, inserted_ids, specs
+            )
+        except IdempotencyConflict:
+            if inserted_ids:  # all or nothing, on the caller's connection as on autocommit
+                yield Query("task_delete_created", {"ids": inserted_ids}, prepare=False)
+            raise
+        for s, result in zip(keyed, keyed_results, strict=True):
             results[s.id] = result
     out = [results[s.id] for s in specs]
     queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
@@ -493,8 +562,15 @@ def task_insert_many(
 
 
 def _insert_keyed(
-    specs: Sequence[TaskSpec], now: datetime | None, trace_context: Mapping[str, str] | None
+    specs: Sequence[TaskSpec],
+    now: datetime | None,
+    trace_context: Mapping[str, str] | None,
+    key_reuse: KeyReuse,
+    inserted_ids: list[uuid.UUID],
+    batch: Sequence[TaskSpec],
 ) -> Op[list[tuple[Task, bool]]]:
+    """The keyed part of a bulk insert; appends the ids it inserts to ``inserted_ids``.
+    ``batch``, the whole batch in the caller's order, is what a refusal's positions refer to."""
     rows = yield Query(
         "task_insert_many",
         {
@@ -518,23 +594,35 @@ def _insert_keyed(
         prepare=False,
     )
     inserted = {row["id"]: row for row in rows}
+    inserted_ids.extend(inserted)
     existing: dict[str, Task] = {}
-    missing_keys = [s.idempotency_key for s in specs if s.id not in inserted and s.idempotency_key]
-    if missing_keys:
-        for row in (yield Query("task_get_by_keys", {"keys": missing_keys})):
+    missing = [s for s in specs if s.id not in inserted]
+    if missing:
+        holders = yield from _holders(missing, key_reuse)
+        if key_reuse is KeyReuse.REFUSE:
+            # Checked before anything more is written; in the caller's order, so the first
+            # refused item is the one reported.
+            positions = {s.id: i for i, s in enumerate(batch)}
+            earlier = {i: positions[i] for i in inserted_ids if i in positions}
+            for row in holders:
+                s = missing[row["n"] - 1]
+                _refuse_if_different(s, row, positions[s.id], earlier)
+        for row in holders:
             existing[row["idempotency_key"]] = Task.from_row(row)
     out: list[tuple[Task, bool]] = []
     for s in specs:
         if s.id in inserted:
             row = inserted[s.id]
-            created = _inserted(s, row["created_at"], row["visible_after"], row["max_attempts"])
-            out.append((created, True))
+            task = _inserted(s, row["created_at"], row["visible_after"], row["max_attempts"])
+            out.append((task, True))
         elif s.idempotency_key in existing:
             # Either an older task, or an earlier spec of this same batch with the same key.
-            task = existing[s.idempotency_key]
-            out.append((task, False))
+            out.append((existing[s.idempotency_key], False))
         else:  # the key's holder vanished (rolled back) between statements: insert it alone
-            out.append((yield from task_insert(s, now, trace_context)))
+            result = yield from task_insert(s, now, trace_context, key_reuse)
+            if result[1]:
+                inserted_ids.append(result[0].id)
+            out.append(result)
     return out
 
 

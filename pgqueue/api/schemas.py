@@ -57,6 +57,15 @@ class SubmitTask(BaseModel):
     priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] = "normal"
     queue: str = Field("default", min_length=1, max_length=200)
     idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+    key_reuse: Annotated[Literal["return", "refuse"], BeforeValidator(_fold_name)] = Field(
+        "return",
+        description="When the idempotency key is already used: 'return' answers 200 with the "
+        "original task, whatever this request submits; 'refuse' does so only when this request "
+        "has the original's type, queue and payload (JSON equality: key order does not "
+        "matter), and otherwise answers 409 idempotency_conflict with the original's task_id "
+        "and the differing_fields. Other fields (priority, run time, attempts) are not "
+        "compared. Without an idempotency key it changes nothing.",
+    )
     # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
     # integer (not "3", 2.0 or true).
     run_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = None
@@ -68,6 +77,18 @@ class SubmitTask(BaseModel):
         description="Attempts before dead-lettering; null: the type's declaration (recorded by "
         "workers at start), else 3.",
     )
+
+
+class IdempotencyConflictOut(BaseModel):
+    """The idempotency key is held by a task that differs from this request (``key_reuse``
+    'refuse'): nothing was submitted. ``task_id`` is the original; ``differing_fields`` names
+    what differs, of type, queue and payload."""
+
+    error: Literal["idempotency_conflict"]
+    message: str
+    idempotency_key: str
+    task_id: uuid.UUID
+    differing_fields: list[Literal["type", "queue", "payload"]]
 
 
 class TaskOut(BaseModel):

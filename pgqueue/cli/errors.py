@@ -11,10 +11,13 @@ program reads answers, and a failed command has none), with the same exit code::
      "exit_code": 2}
 
 ``error`` is the kind, spelled as the HTTP API spells it where both can fail alike
-(``invalid_request``, ``not_found``, ``conflict``, ``unavailable``, ``schema_not_ready``),
-plus ``usage`` (an option or argument as typed: ``field`` is then its name, ``--payload``),
-``configuration``, ``aborted``, ``interrupted``, ``error`` and ``internal_error``;
-``field`` is there when one value is at fault, ``task_id`` and ``status`` when one task is.
+(``invalid_request``, ``not_found``, ``conflict``, ``idempotency_conflict``, ``unavailable``,
+``schema_not_ready``), plus ``usage`` (an option or argument as typed: ``field`` is then its
+name, ``--payload``), ``configuration``, ``aborted``, ``interrupted``, ``error`` and
+``internal_error``;
+``field`` is there when one value is at fault, ``task_id`` and ``status`` when one task is;
+``idempotency_conflict`` (``enqueue --key-reuse refuse``, exit code 1) gives the original's
+``task_id``, the ``idempotency_key`` and the ``differing_fields``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pgqueue.cli.state import state
 from pgqueue.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    IdempotencyConflict,
     InvalidTaskState,
     PgQueueError,
     QueueNotFound,
@@ -101,6 +105,12 @@ def _kind(exc: PgQueueError) -> tuple[str, dict[str, Any]]:
         return "not_found", {"queue": exc.queue}
     if isinstance(exc, InvalidTaskState):
         return "conflict", {"task_id": str(exc.task_id), "status": exc.status}
+    if isinstance(exc, IdempotencyConflict):
+        return "idempotency_conflict", {
+            "task_id": str(exc.task_id),
+            "idempotency_key": exc.idempotency_key,
+            "differing_fields": list(exc.differing_fields),
+        }
     if isinstance(exc, SchemaNotReady):
         return "schema_not_ready", {}
     if isinstance(exc, DatabaseUnavailable):

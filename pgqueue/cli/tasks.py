@@ -17,7 +17,7 @@ from pgqueue.cli.parsing import parse_count, parse_payload, parse_time
 from pgqueue.config import DEFAULT_QUEUE
 from pgqueue.errors import ValidationError
 from pgqueue.formatting import MISSING, key_values, table, timestamp
-from pgqueue.models import Priority, Task, TaskStatus
+from pgqueue.models import KeyReuse, Priority, Task, TaskStatus
 
 commands = typer.Typer()
 
@@ -117,6 +117,16 @@ def enqueue(
             help="Submit at most once per key: a repeat returns the existing task.",
         ),
     ] = None,
+    key_reuse: Annotated[
+        str,
+        typer.Option(
+            "--key-reuse",
+            metavar="[return|refuse]",
+            help="When the key is already used: return the existing task whatever this "
+            "submits (default), or refuse (exit 1, error idempotency_conflict) unless this "
+            "has its type, queue and payload.",
+        ),
+    ] = "return",
     delay: Annotated[
         float | None,
         typer.Option("--delay", min=0.0, metavar="SECONDS", help="Run no sooner than this."),
@@ -146,6 +156,10 @@ def enqueue(
         level = Priority.parse(priority)
     except ValidationError as exc:
         raise typer.BadParameter(exc.reason, param_hint="'--priority'") from None
+    try:
+        reuse = KeyReuse.parse(key_reuse)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.reason, param_hint="'--key-reuse'") from None
     when = parse_time(run_at, "--run-at") if run_at is not None else None
     with connection() as conn:
         result = ops.enqueue(
@@ -158,6 +172,7 @@ def enqueue(
             run_at=when,
             delay=delay,
             max_attempts=parse_count(max_attempts, "--max-attempts"),
+            key_reuse=reuse,
         )
     task = result.task
     pairs: list[tuple[str, object]] = [

@@ -20,8 +20,9 @@ GRANT USAGE ON SCHEMA pgqueue TO :"app_role";
 
 -- The queue itself. INSERT: enqueue and its bulk COPY. UPDATE: claim (with its row locks, FOR
 -- UPDATE SKIP LOCKED), heartbeat, complete, fail, release, cancel, replay and the expired-lease
--- sweep. SELECT: status, list and every WHERE above. DELETE: discarding dead letters and
--- retention pruning. Not TRUNCATE, REFERENCES or TRIGGER.
+-- sweep. SELECT: status, list and every WHERE above. DELETE: discarding dead letters,
+-- retention pruning, and undoing the rows of a bulk enqueue refused for a reused idempotency
+-- key (key_reuse='refuse'). Not TRUNCATE, REFERENCES or TRIGGER.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
 
 -- Per-queue settings. SELECT: every claim checks whether its queues are paused, and pruning

@@ -116,6 +116,23 @@ SELECT * FROM pgqueue.tasks WHERE id = %(id)s;
 -- The existing tasks behind idempotency keys that an insert found taken.
 SELECT * FROM pgqueue.tasks WHERE idempotency_key = ANY(%(keys)s::text[]);
 
+-- name: task_get_by_keys_compared
+-- The existing tasks behind idempotency keys that an insert found taken, each compared with
+-- what was submitted under its key (key_reuse='refuse'; n: the submit's position). jsonb
+-- equality, so key order and spacing do not matter. Run only after a conflict: an insert that
+-- succeeds pays nothing for the comparison.
+SELECT t.*, t.payload = v.payload::jsonb AS same_payload, v.n
+  FROM unnest(%(keys)s::text[], %(payloads)s::text[]) WITH ORDINALITY AS v(key, payload, n)
+  JOIN pgqueue.tasks AS t ON t.idempotency_key = v.key
+ ORDER BY v.n;
+
+-- name: task_delete_created
+-- Undo the tasks a bulk enqueue inserted in this transaction when one of its items is refused
+-- (key_reuse='refuse'): the batch is all or nothing, and deleting its own uncommitted rows
+-- (by the ids it inserted, never others) leaves the caller's transaction usable, which a
+-- savepoint would too but at two round trips on every batch, refused or not.
+DELETE FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
+
 -- name: task_list
 -- Newest first, with keyset pagination on (created_at, id) so deep pages stay cheap.
 SELECT * FROM pgqueue.tasks

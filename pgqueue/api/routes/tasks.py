@@ -5,15 +5,25 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
 
 from pgqueue import aio, tracing
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.pagination import task_page
 from pgqueue.api.routes import V1
-from pgqueue.api.schemas import CancelOut, Cursor, Limit, Name, SubmitTask, TaskOut, TaskPage
+from pgqueue.api.schemas import (
+    CancelOut,
+    Cursor,
+    IdempotencyConflictOut,
+    Limit,
+    Name,
+    SubmitTask,
+    TaskOut,
+    TaskPage,
+)
 from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH
-from pgqueue.errors import ValidationError
+from pgqueue.errors import IdempotencyConflict, ValidationError
 from pgqueue.models import TaskStatus
 
 router = APIRouter(prefix=V1)
@@ -28,6 +38,11 @@ router = APIRouter(prefix=V1)
             "model": TaskOut,
             "description": "The idempotency key was used before: the original task, unchanged",
         },
+        409: {
+            "model": IdempotencyConflictOut,
+            "description": "key_reuse 'refuse' and the idempotency key is held by a task with "
+            "another type, queue or payload: nothing submitted",
+        },
         **responses(400, *COMMON),
     },
 )
@@ -39,27 +54,44 @@ async def submit(
     idempotency_key: Annotated[
         str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     ] = None,
-) -> TaskOut:
+) -> TaskOut | JSONResponse:
     """Submit a task: 202 with the new task, or 200 with the original one when its
-    idempotency key (body field or ``Idempotency-Key`` header) was used before."""
+    idempotency key (body field or ``Idempotency-Key`` header) was used before. With
+    ``"key_reuse": "refuse"``, a used key answers 200 only for the same type, queue and
+    payload, and 409 ``idempotency_conflict`` (the original's ``task_id`` and the
+    ``differing_fields``) otherwise."""
     key = body.idempotency_key or idempotency_key
     if body.idempotency_key and idempotency_key and body.idempotency_key != idempotency_key:
         raise ValidationError("idempotency_key", "the header and the body field differ")
     # The caller's traceparent parents the submit span (when tracing is on and no
     # request span already does), so its trace reaches the worker that runs the task.
-    with tracing.remote_parent(request.headers):
-        async with state.connection() as conn:
-            result = await aio.enqueue(
-                conn,
-                body.type,
-                body.payload,
-                priority=body.priority,
-                queue=body.queue,
-                idempotency_key=key,
-                run_at=body.run_at,
-                delay=body.delay_seconds,
-                max_attempts=body.max_attempts,
-            )
+    try:
+        with tracing.remote_parent(request.headers):
+            async with state.connection() as conn:
+                result = await aio.enqueue(
+                    conn,
+                    body.type,
+                    body.payload,
+                    priority=body.priority,
+                    queue=body.queue,
+                    idempotency_key=key,
+                    run_at=body.run_at,
+                    delay=body.delay_seconds,
+                    max_attempts=body.max_attempts,
+                    key_reuse=body.key_reuse,
+                )
+    except IdempotencyConflict as exc:
+        # Answered here rather than by the shared handlers: this body carries what only
+        # this refusal has (the original task and the differing fields).
+        state.metrics.submitted.labels(body.queue, "refused").inc()
+        conflict = IdempotencyConflictOut(
+            error="idempotency_conflict",
+            message=str(exc),
+            idempotency_key=exc.idempotency_key,
+            task_id=exc.task_id,
+            differing_fields=list(exc.differing_fields),
+        )
+        return JSONResponse(conflict.model_dump(mode="json"), status_code=409)
     state.metrics.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
     if not result.created:
         response.status_code = 200
