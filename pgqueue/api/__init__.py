@@ -6,11 +6,13 @@ An ASGI application (FastAPI) over :mod:`pgqueue.aio`; it holds no SQL. Run it w
     from pgqueue.api import ApiSettings, create_app
     app.mount("/queue", create_app(ApiSettings(database_url=URL, tokens={"s3cret"})))
 
-Status codes are fixed: 202 for a new task, 200 with ``Idempotent-Replayed: true`` when an
-idempotency key returns an existing task, 400 for malformed JSON, 401 without a valid bearer
-token (when tokens are configured), 404 for an unknown or malformed id, 409 for an operation
-the task's status does not allow, 413 for a body over the limit, 422 for invalid fields
-(the body names each field and the reason), 503 when the database cannot be reached.
+Status codes are fixed: 202 for a new task (with its path in ``Location``), 200 with
+``Idempotent-Replayed: true`` when an idempotency key returns an existing task, 400 for
+malformed JSON, 401 without a valid bearer token (when tokens are configured), 404 for an
+unknown or malformed id, 409 for an operation the task's status does not allow, 413 for a
+body over the limit (``body_too_large``) or a payload over PGQUEUE_MAX_PAYLOAD_BYTES
+(``payload_too_large``), 415 for a body not sent as ``application/json``, 422 for invalid
+fields (the body names each field and the reason), 503 when the database cannot be reached.
 
 ``/dashboard/`` serves a web page over this API (static files from ``pgqueue/dashboard``, under
 a strict Content-Security-Policy); the page needs no token, the data it reads does.

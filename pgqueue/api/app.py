@@ -19,7 +19,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue.api.dependencies import attach_state, authentication, state_of
 from pgqueue.api.errors import on_http_error, on_pgqueue_error, on_validation
-from pgqueue.api.middleware import BearerAuth, BodyLimit, CrossSiteWrites, Measure
+from pgqueue.api.middleware import (
+    BearerAuth,
+    BodyLimit,
+    CrossSiteWrites,
+    FinishReading,
+    JsonBodies,
+    Measure,
+)
 from pgqueue.api.routes import (
     dashboard,
     dead_letters,
@@ -85,12 +92,15 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     metrics.add_to(app)
     dashboard.add_to(app)
     health.add_to(app)
-    # Each added one wraps the ones before: CrossSiteWrites runs first, then BearerAuth,
-    # both before any body is read.
-    app.add_middleware(Measure, metrics=state.metrics)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # Each added one wraps the ones before: FinishReading runs first (it reads what is left
+    # of any body refused below it), then CrossSiteWrites and BearerAuth, both before any
+    # body is read, then BodyLimit and JsonBodies.
+    app.add_middleware(Measure, metrics=state.metrics, routes=app.router.routes)
+    app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, limit=settings.body_limit())
     app.add_middleware(BearerAuth, tokens=settings.tokens)
     app.add_middleware(CrossSiteWrites)
+    app.add_middleware(FinishReading)
     return app
 
 

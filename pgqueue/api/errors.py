@@ -19,6 +19,7 @@ from pgqueue.api.schemas import ErrorOut, FieldError
 from pgqueue.errors import (
     DatabaseUnavailable,
     InvalidTaskState,
+    PayloadTooLarge,
     QueueNotFound,
     SchemaNotReady,
     TaskNotFound,
@@ -31,16 +32,24 @@ COMMON = (401, 413, 422, 503)
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` for these error codes, so each route documents its refusals
-    with one shared schema and wording."""
+    with one shared schema and wording.
+
+    A route that lists 400 (malformed JSON) takes a JSON body, and so can also answer 415
+    (JsonBodies, pgqueue.api.middleware): listed with it here, so that no route that takes a
+    body can forget it and none without one claims it."""
     text = {
         400: "Malformed JSON",
         401: "Missing or invalid bearer token",
         404: "No such task (or queue)",
         409: "The task's status does not allow this",
-        413: "Body too large",
+        413: "Body too large (body_too_large), or the payload over PGQUEUE_MAX_PAYLOAD_BYTES "
+        "(payload_too_large)",
+        415: "The body is not sent as JSON: send Content-Type: application/json",
         422: "Invalid fields",
         503: "Database unavailable",
     }
+    if 400 in codes and 415 not in codes:
+        codes = (*codes, 415)
     return {c: {"model": ErrorOut, "description": text[c]} for c in codes}
 
 
@@ -80,6 +89,13 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, PayloadTooLarge):  # the payload rule's 413, apart from the body's
+        return error(
+            413,
+            "payload_too_large",
+            f"{exc} (PGQUEUE_MAX_PAYLOAD_BYTES)",
+            errors=[FieldError(field=exc.field, message=exc.reason)],
+        )
     if isinstance(exc, ValidationError):
         return error(
             422,

@@ -162,6 +162,52 @@ class TaskOut(BaseModel):
         )
 
 
+class SubmitOut(BaseModel):
+    """The answer to a submit: the task's id, status and times, without its payload (the
+    client has it, and echoing it costs as much again as the request), result or errors.
+    ``GET`` the ``Location`` for the whole task."""
+
+    task_id: uuid.UUID
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
+    created_at: datetime
+    type: str
+    queue: str
+    priority: str
+    submitted_priority: str | None = None
+    ready_since: datetime | None = None
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None = None
+    lease_expires_at: datetime | None = None
+
+    @classmethod
+    def of(cls, task: Task) -> SubmitOut:
+        return cls(
+            task_id=task.id,
+            status=task.status.value,
+            created_at=task.created_at,
+            type=task.type,
+            queue=task.queue,
+            priority=task.priority.label,
+            submitted_priority=task.submitted_priority.label if task.submitted_priority else None,
+            ready_since=task.ready_since,
+            idempotency_key=task.idempotency_key,
+            attempts=task.attempts,
+            max_attempts=task.max_attempts,
+            cancel_requested=task.cancel_requested,
+            run_at=task.visible_after,
+            started_at=task.started_at,
+            finished_at=task.finished_at,
+            worker=task.lease_owner,
+            lease_expires_at=task.lease_expires_at,
+        )
+
+
 class TaskPage(BaseModel):
     items: list[TaskOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
@@ -412,6 +458,20 @@ class ErrorOut(BaseModel):
 class HealthOut(BaseModel):
     status: str
     schema_revision: str | None = None
+
+
+class LivenessOut(BaseModel):
+    """/healthz: the process is alive (always 200), and what it saw of the database on the
+    way: an operator reads here, without failing the probe, that the schema is behind."""
+
+    status: Literal["ok"]
+    database: Literal["reachable", "unreachable"]
+    schema_revision: str | None = Field(
+        description="The pgqueue revision applied in the database; null when none is (or "
+        "the database could not be asked)."
+    )
+    expected_schema_revision: str = Field(description="The revision this pgqueue needs.")
+    schema_current: bool = Field(description="schema_revision is expected_schema_revision.")
 
 
 # --- query parameters ------------------------------------------------------------------------

@@ -10,12 +10,17 @@ import dataclasses
 import os
 from pathlib import Path
 
+from pgqueue import config
 from pgqueue.errors import ConfigurationError
 
 ENV_TOKENS = "PGQUEUE_API_TOKENS"
 ENV_TOKENS_FILE = "PGQUEUE_API_TOKENS_FILE"
 ENV_MAX_BODY = "PGQUEUE_API_MAX_BODY_BYTES"
-DEFAULT_MAX_BODY = 1024 * 1024
+# What a request body may carry on top of the payload limit: the envelope (type, queue,
+# priority, idempotency key, run_at...) and the slack of a client's JSON encoding (spaces,
+# escapes) against the compact encoding the payload limit measures. Without it a payload of
+# exactly PGQUEUE_MAX_PAYLOAD_BYTES could never be submitted over HTTP.
+ENVELOPE_BYTES = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,14 +30,24 @@ class ApiSettings:
     # Out of repr: settings get printed and logged, and both may hold secrets.
     database_url: str | None = dataclasses.field(default=None, repr=False)
     tokens: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)
-    max_body_bytes: int = DEFAULT_MAX_BODY
+    # None: the payload limit (PGQUEUE_MAX_PAYLOAD_BYTES) plus ENVELOPE_BYTES; see body_limit.
+    max_body_bytes: int | None = None
     pool_size: int = 10
+
+    def body_limit(self) -> int:
+        """The most bytes a request body may have: ``max_body_bytes`` when set, else the
+        payload limit plus :data:`ENVELOPE_BYTES`, so that the largest payload the library
+        accepts is accepted over HTTP too (and refused, one byte over, by the payload rule
+        with its own 413, not by this one)."""
+        if self.max_body_bytes is not None:
+            return self.max_body_bytes
+        return config.max_payload_bytes() + ENVELOPE_BYTES
 
     @classmethod
     def from_env(cls) -> ApiSettings:
         """Tokens from ``PGQUEUE_API_TOKENS`` (comma-separated) and/or the file named by
         ``PGQUEUE_API_TOKENS_FILE`` (one per line, # comments); the body limit from
-        ``PGQUEUE_API_MAX_BODY_BYTES``."""
+        ``PGQUEUE_API_MAX_BODY_BYTES`` (unset: the payload limit plus 64 KiB)."""
         tokens = {t.strip() for t in os.environ.get(ENV_TOKENS, "").split(",") if t.strip()}
         path = os.environ.get(ENV_TOKENS_FILE, "").strip()
         if path:
@@ -42,8 +57,10 @@ class ApiSettings:
                 raise ConfigurationError(f"{ENV_TOKENS_FILE}: cannot read {path}: {exc}") from None
             tokens |= {t for t in (ln.strip() for ln in lines) if t and not t.startswith("#")}
         raw = os.environ.get(ENV_MAX_BODY, "").strip()
+        if not raw:
+            return cls(tokens=frozenset(tokens))
         try:
-            max_body = int(raw) if raw else DEFAULT_MAX_BODY
+            max_body = int(raw)
         except ValueError:
             raise ConfigurationError(f"{ENV_MAX_BODY} must be an integer, not {raw!r}") from None
         if max_body < 1024:

@@ -64,20 +64,31 @@ class ApiState:
             self.pool = None
 
     @contextlib.asynccontextmanager
-    async def connection(self, *, check_schema: bool = True) -> AsyncIterator[Any]:
+    async def connection(
+        self, *, check_schema: bool = True, timeout: float = 5
+    ) -> AsyncIterator[Any]:
         """A pooled connection for the span of a route's database work (not of the whole
         request: a route validates its input first, and gives the connection back before
-        its response is serialised); DatabaseUnavailable (503) when none comes in time."""
+        its response is serialised); DatabaseUnavailable (503) when none comes within
+        ``timeout`` seconds."""
         if self.pool is None:
             await self.open()
         assert self.pool is not None
         try:
-            async with self.pool.connection(timeout=5) as conn:
+            async with self.pool.connection(timeout=timeout) as conn:
                 if check_schema and not self.schema_ok:
                     await self.check_schema(conn)
                 yield conn
         except (PoolTimeout, psycopg.OperationalError) as exc:
             raise DatabaseUnavailable(f"database unavailable: {exc}") from None
+
+    async def schema_revision(self, conn: Any) -> str | None:
+        """The revision the database's pgqueue schema is at; None when it has none."""
+        try:
+            return await queries.arun(conn, queries.schema_version())
+        except SchemaNotReady:  # no version table: never migrated
+            await conn.rollback()
+            return None
 
     async def check_schema(self, conn: Any) -> str:
         """The schema's revision, or SchemaNotReady unless it is this pgqueue's. Task

@@ -17,7 +17,8 @@ What each boundary must do:
 - reject: the library raises a ``pgqueue.ValidationError`` whose ``.field`` names the field;
   the CLI exits 2 with one line ``error: ...`` naming the field (stdout empty, no traceback);
   the API answers 4xx with the documented error body (400 ``malformed_json``, 413
-  ``body_too_large``, or 422 ``invalid_request`` listing the field), never 5xx. Nothing is
+  ``body_too_large``, 413 ``payload_too_large`` naming the payload, or 422
+  ``invalid_request`` listing the field), never 5xx. Nothing is
   written: the whole table, seeded with tasks in every status, is compared before and after.
 - accept: the task is stored verbatim (checked in the row) and reads back identically through
   ``pgqueue --json status ID`` and ``GET /api/v1/tasks/ID``; the seeded tasks are unchanged.
@@ -329,7 +330,7 @@ CASES: list[Case] = [
         f"payload of {PAYLOAD_LIMIT + 1} bytes of UTF-8 JSON (517 characters; "
         f"PGQUEUE_MAX_PAYLOAD_BYTES={PAYLOAD_LIMIT})", REJECT,
         **payload(OVER_LIMIT, json.dumps(OVER_LIMIT, ensure_ascii=False), OVER_LIMIT),
-        env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)},
+        env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)}, http_status=(413,),
     ),
     Case(
         "body-over-api-limit", "payload size",
@@ -682,7 +683,11 @@ def encode_body(body: dict[str, Any] | bytes) -> bytes:
         return json.dumps(body).encode("ascii")
 
 
-HTTP_ERROR_CODES = {400: "malformed_json", 413: "body_too_large", 422: "invalid_request"}
+HTTP_ERROR_CODES = {
+    400: ("malformed_json",),
+    413: ("body_too_large", "payload_too_large"),
+    422: ("invalid_request",),
+}
 
 
 def http_rejection(
@@ -704,7 +709,7 @@ def http_rejection(
         problems.append(f"answered {status}")
     elif status not in allowed:
         problems.append(f"answered {status}, expected one of {allowed}")
-    if status in HTTP_ERROR_CODES and error != HTTP_ERROR_CODES[status]:
+    if status in HTTP_ERROR_CODES and error not in HTTP_ERROR_CODES[status]:
         problems.append(f"error code {error!r}, documented: {HTTP_ERROR_CODES[status]!r}")
     if not body.get("message"):
         problems.append("no message")
@@ -720,7 +725,7 @@ def via_http(case: Case, ctx: Context) -> Outcome:
         task_id = uuid.UUID(response.json()["task_id"])
         return Outcome("http", True, f"{response.status_code}, accepted", task_id=task_id)
     summary, fields, problems = http_rejection(response, case.http_status)
-    if response.status_code in (400, 413):
+    if response.status_code == 400 or (response.status_code == 413 and not fields):
         named: str | None = "body"  # the error code says what is wrong with the body
     else:
         named = case.http_field if case.http_field in fields else None

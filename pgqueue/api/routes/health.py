@@ -12,15 +12,35 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from pgqueue import migrate
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import error
-from pgqueue.api.schemas import ErrorOut, HealthOut
+from pgqueue.api.schemas import ErrorOut, HealthOut, LivenessOut
 from pgqueue.errors import PgQueueError
 
+# How long /healthz waits for a database connection: a liveness probe must answer quickly
+# (Kubernetes gives it 1 s by default) whatever the database does.
+HEALTH_WAIT_SECONDS = 0.5
 
-async def healthz() -> HealthOut:
-    """The process is alive (no database access, no authentication)."""
-    return HealthOut(status="ok")
+
+async def healthz(state: AppState) -> LivenessOut:
+    """The process is alive: 200 whatever the database says (no authentication), with the
+    schema revision the database is at and whether it is the one this pgqueue expects
+    (read waiting at most HEALTH_WAIT_SECONDS; /readyz is the probe that fails on it)."""
+    revision, reachable = None, True
+    try:
+        async with state.connection(check_schema=False, timeout=HEALTH_WAIT_SECONDS) as conn:
+            revision = await state.schema_revision(conn)
+    except PgQueueError:
+        reachable = False
+    expected = state.head or migrate.head()
+    return LivenessOut(
+        status="ok",
+        database="reachable" if reachable else "unreachable",
+        schema_revision=revision,
+        expected_schema_revision=expected,
+        schema_current=revision == expected,
+    )
 
 
 async def readyz(state: AppState) -> Any:
@@ -34,5 +54,5 @@ async def readyz(state: AppState) -> Any:
 
 
 def add_to(app: FastAPI) -> None:
-    app.get("/healthz", response_model=HealthOut)(healthz)
+    app.get("/healthz", response_model=LivenessOut)(healthz)
     app.get("/readyz", response_model=HealthOut, responses={503: {"model": ErrorOut}})(readyz)

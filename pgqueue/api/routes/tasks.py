@@ -18,6 +18,7 @@ from pgqueue.api.schemas import (
     IdempotencyConflictOut,
     Limit,
     Name,
+    SubmitOut,
     SubmitTask,
     TaskOut,
     TaskPage,
@@ -28,15 +29,26 @@ from pgqueue.models import TaskStatus
 
 router = APIRouter(prefix=V1)
 
+# Where a submitted task can be read whole (the submit answer leaves its payload out).
+LOCATION = {
+    "Location": {
+        "description": "The task's URL path, GET /api/v1/tasks/{task_id} (under the app's "
+        "mount prefix, if any)",
+        "schema": {"type": "string"},
+    }
+}
+
 
 @router.post(
     "/tasks",
     status_code=202,
-    response_model=TaskOut,
+    response_model=SubmitOut,
     responses={
+        202: {"description": "Accepted: the new task", "headers": LOCATION},
         200: {
-            "model": TaskOut,
+            "model": SubmitOut,
             "description": "The idempotency key was used before: the original task, unchanged",
+            "headers": LOCATION,
         },
         409: {
             "model": IdempotencyConflictOut,
@@ -54,9 +66,10 @@ async def submit(
     idempotency_key: Annotated[
         str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     ] = None,
-) -> TaskOut | JSONResponse:
+) -> SubmitOut | JSONResponse:
     """Submit a task: 202 with the new task, or 200 with the original one when its
-    idempotency key (body field or ``Idempotency-Key`` header) was used before. With
+    idempotency key (body field or ``Idempotency-Key`` header) was used before; either
+    without the payload, and with the task's URL in ``Location``. With
     ``"key_reuse": "refuse"``, a used key answers 200 only for the same type, queue and
     payload, and 409 ``idempotency_conflict`` (the original's ``task_id`` and the
     ``differing_fields``) otherwise."""
@@ -96,7 +109,9 @@ async def submit(
     if not result.created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    return TaskOut.of(result.task)
+    # A path, under the app's mount prefix or root_path when it has one.
+    response.headers["Location"] = request.url_for("get_task", task_id=str(result.task.id)).path
+    return SubmitOut.of(result.task)
 
 
 @router.get("/tasks/{task_id}", response_model=TaskOut, responses=responses(404, *COMMON))
