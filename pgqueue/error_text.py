@@ -22,6 +22,10 @@ MAX_SUMMARY_LENGTH = 2000  # a message longer than this is cut; the traceback ge
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 FRAMES_KEPT = 6  # the innermost frames: where it failed, not the worker's own call stack
 _FRAME = re.compile(r'", line \d+, in ')  # a frame line, or what is left of one cut at its start
+# Where a traceback starts: an exception group's (ExceptionGroup, TaskGroup) is drawn in a
+# margin, "  + Exception Group Traceback (most recent call last):".
+_HEADER = re.compile(r"^(?:  \+ Exception Group )?Traceback \(most recent call last\):")
+_GROUP_LINE = re.compile(r"^\s*\| (\S.*)$")  # "  | ExceptionGroup: ..." (frames sit deeper)
 _CUT = "  [... earlier lines cut to fit the 8000-character error]"
 
 
@@ -66,7 +70,10 @@ def split_error(text: str) -> ErrorText:
     - ``ValueError: x`` then a traceback (what the worker writes): the lines before the
       traceback header, and the traceback.
     - a traceback first (rows written before the summary came first, possibly cut at their
-      start to 8000 characters): the exception line at its end, and the whole text.
+      start to 8000 characters): the exception at its end (from the first unindented line
+      after the last frame, so a message of several lines stays whole), and the whole text.
+    - an exception group's traceback is drawn in a margin (``  + Exception Group Traceback``);
+      it is found, and read, as the plain one.
     - anything else (``timed out after 5 s``, an error passed to ``pgqueue.fail``): the text,
       and no traceback.
     """
@@ -75,17 +82,34 @@ def split_error(text: str) -> ErrorText:
         lines.pop(0)
     if not lines:
         return ErrorText("", None)
-    start = next((i for i, line in enumerate(lines) if line.startswith(TRACEBACK_HEADER)), None)
+    start = next((i for i, line in enumerate(lines) if _HEADER.match(line)), None)
     before = lines if start is None else lines[:start]
     if (
         start == 0
         or any(_FRAME.search(line) for line in before)
         or (start is not None and before[0][:1].isspace())
     ):  # a traceback first, or the tail of one cut at its start: the old layout
-        return ErrorText(_last_exception_line(lines), "\n".join(lines))
+        return ErrorText(_old_summary(lines), "\n".join(lines))
     if start is None:
         return ErrorText("\n".join(lines).strip(), None)
     return ErrorText("\n".join(before).strip(), "\n".join(lines[start:]))
+
+
+def _old_summary(lines: list[str]) -> str:
+    """The exception an old-layout row (traceback first) ends with: everything from the first
+    unindented line after its last frame, so that a message of several lines, and the notes
+    after it, are kept whole, as the new layout keeps them."""
+    if lines[0].lstrip().startswith("+ Exception Group"):  # its own line is in the margin
+        found = next((m for m in map(_GROUP_LINE.match, lines) if m), None)
+        if found:
+            return found.group(1).strip()
+    frames = [i for i, line in enumerate(lines) if line[:1].isspace() and _FRAME.search(line)]
+    if frames:
+        rest = lines[frames[-1] + 1 :]
+        first = next((i for i, line in enumerate(rest) if line and not line[:1].isspace()), None)
+        if first is not None:
+            return "\n".join(rest[first:]).strip()
+    return _last_exception_line(lines)
 
 
 def _last_exception_line(lines: list[str]) -> str:

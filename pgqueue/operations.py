@@ -461,13 +461,19 @@ def pause_queue(queue: str, *, create: bool = True, now: datetime | None = None)
 
 
 def _pause(queue: str, create: bool, now: datetime | None) -> Op[QueueState]:
+    yield from _known_unless_created(queue, create, "pause it")
+    return (yield from queries.queue_pause(queue, now))
+
+
+def _known_unless_created(queue: str, create: bool, doing: str) -> Op[None]:
+    """Refuse a setting on a queue nobody knows (no tasks, no settings) unless ``create``:
+    such a name is most often a typo, and its setting would sit there unnoticed."""
     if not create and not (yield from queries.queue_known(queue)):
         raise QueueNotFound(
             queue,
-            "to pause it before its first task, say so: create=True (CLI: --create, "
+            f"to {doing} before its first task, say so: create=True (CLI: --create, "
             "HTTP: ?create=true)",
         )
-    return (yield from queries.queue_pause(queue, now))
 
 
 @operation
@@ -495,17 +501,31 @@ def set_queue_retention(
     *,
     completed: float | None = None,
     dead: float | None = None,
+    create: bool = True,
     now: datetime | None = None,
 ) -> Op[QueueState]:
     """Keep this queue's completed and cancelled tasks ``completed`` seconds, and its dead
     letters ``dead`` seconds, instead of the workers' defaults (None: the default). Both are
-    set at once; pruning applies them from its next round on, to tasks already finished too."""
-    return queries.queue_set_retention(
+    set at once; pruning applies them from its next round on, to tasks already finished too.
+
+    ``create=False`` refuses (:class:`~pgqueue.QueueNotFound`) a queue with no tasks and no
+    settings, as :func:`pause_queue` does, and the CLI and the HTTP API pass it unless told
+    ``--create`` / ``?create=true``: a mistyped name would otherwise keep a retention that
+    applies to nothing, while the real queue keeps the default."""
+    return _set_retention(
         check_name("queue", queue),
         retention_value("completed", completed),
         retention_value("dead", dead),
+        create,
         now,
     )
+
+
+def _set_retention(
+    queue: str, completed: float | None, dead: float | None, create: bool, now: datetime | None
+) -> Op[QueueState]:
+    yield from _known_unless_created(queue, create, "set its retention")
+    return (yield from queries.queue_set_retention(queue, completed, dead, now))
 
 
 @operation

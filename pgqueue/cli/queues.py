@@ -231,12 +231,20 @@ def queue_retention(
             help="Keep dead letters this long (e.g. 30d).",
         ),
     ] = None,
+    create: Annotated[
+        bool,
+        typer.Option(
+            "--create",
+            help="Set it even though the queue has no tasks and no settings yet (without "
+            "this, such a name is refused: most often it is a typo).",
+        ),
+    ] = False,
 ) -> None:
     """Set how long this queue's finished tasks are kept, in place of the workers' defaults
     (--completed-retention, --dead-retention). Both are set at once: one left out goes back
     to the default. Pruning applies it from its next round on."""
     with connection() as conn:
-        q = ops.set_queue_retention(conn, name, completed=completed, dead=dead)
+        q = ops.set_queue_retention(conn, name, completed=completed, dead=dead, create=create)
     emit(
         _queue_dict(q),
         f"queue {q.name!r} keeps finished tasks {_duration_or_default(q.completed_retention)}"

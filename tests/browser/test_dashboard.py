@@ -504,6 +504,7 @@ def test_a_real_failure_shows_its_exception_first_and_its_traceback_on_demand(
     check(row(page, "dead-letters", seeded.dead[1]))
     page.goto(f"{server.base}/dashboard/#/tasks/{seeded.dead[2]}")
     check(page.locator("#task"))
+    screenshot(page, "dashboard-traceback", full_page=True)
 
 
 def test_replay_click_queues_the_dead_letter_again_and_it_leaves_the_list(

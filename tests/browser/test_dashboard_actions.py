@@ -101,8 +101,10 @@ def test_tasks_are_found_by_type_queue_and_status_and_paged_past_the_first_hundr
 def test_dead_letters_page_past_a_hundred_and_replay_by_filter_after_naming_the_count(
     page: Any, server: Server, seeded: Seeded, conn: psycopg.Connection[Any]
 ) -> None:
-    make_dead_letters(conn, 130, type="sync.crm", queue="crm")
-    make_dead_letters(conn, 5, type="sync.erp", queue="crm")
+    # The text a worker stores (exception first, then a real traceback), as in the screenshot.
+    refused = dashboard.raised(ConnectionError("crm.example.com:443 refused the connection"))
+    make_dead_letters(conn, 130, type="sync.crm", queue="crm", error=refused)
+    make_dead_letters(conn, 5, type="sync.erp", queue="crm", error=refused)
     sign_in(page, server, "#/dead-letters?queue=crm")
 
     rows = page.locator("#dead-letters tbody tr")

@@ -1068,7 +1068,8 @@ PROTECTED = [
     ("GET", "/api/v1/stats", None, None, 200),
     ("GET", "/api/v1/queues", None, None, 200),
     ("GET", "/api/v1/schedules", None, None, 200),
-    # Retention first: it gives the queue a setting, so that pausing it needs no ?create.
+    # {name} is "auth", the queue of the task above: a known queue, so that setting its
+    # retention and pausing it need no ?create.
     ("PUT", "/api/v1/queues/{name}/retention", None, {"completed_seconds": 3600}, 200),
     ("POST", "/api/v1/queues/{name}/pause", None, None, 200),
     ("POST", "/api/v1/queues/{name}/resume", None, None, 200),
@@ -1092,7 +1093,7 @@ def call_protected(client: httpx.Client, ids: dict[str, uuid.UUID], **options: A
     """Call every protected endpoint once; no response may show a token."""
     responses = []
     for method, route, which, body, _ in PROTECTED:
-        path = route.format(task_id=ids[which] if which else None, name="auth-queue", kind="type")
+        path = route.format(task_id=ids[which] if which else None, name="auth", kind="type")
         response = client.request(method, path, json=body, **options)
         for token in (TOKEN, OTHER_TOKEN):
             assert token not in response.text and token not in str(response.headers)

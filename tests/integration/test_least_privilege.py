@@ -442,7 +442,7 @@ def test_the_app_role_listens_and_is_notified_of_enqueues(app_url):
     ):
         listener.execute("LISTEN pgqueue")
         pgqueue.enqueue(producer, "wake", {}, queue="notify-me")
-        notes = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        notes = [n.payload for n in listener.notifies(timeout=60, stop_after=1)]
 
     assert notes == ["notify-me"]
 

@@ -75,7 +75,7 @@ def test_resume_wakes_listening_workers_only_when_it_commits(conn, connect):
     pgqueue.resume_queue(tx, "emails")
     assert list(listener.notifies(timeout=0.2)) == []
     tx.commit()
-    notes = list(listener.notifies(timeout=5, stop_after=1))
+    notes = list(listener.notifies(timeout=60, stop_after=1))
     assert [n.payload for n in notes] == ["emails"]
 
 

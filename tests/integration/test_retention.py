@@ -156,7 +156,8 @@ def test_async_and_client_set_the_same_retention(database_url):
 
 
 def test_cli_sets_retention_with_durations_and_shows_it(database_url, conn):
-    result = run_main(database_url, "queue", "retention", "audit", "--completed", "7d")
+    # "audit" has no tasks yet: setting it up first is asked for (--create)
+    result = run_main(database_url, "queue", "retention", "audit", "--completed", "7d", "--create")
     assert result.code == 0, result.stderr
     assert "keeps finished tasks 7d and dead letters default" in result.stdout
     machine = run_main(database_url, "--json", "queue", "retention", "audit", "--dead", "36h")
@@ -177,8 +178,11 @@ def test_cli_refuses_a_bad_duration_with_one_line_and_exit_2(database_url, conn,
 def test_http_sets_retention_and_lists_it(database_url, conn):
     api = Api(ApiSettings(database_url=database_url))
     try:
-        put = api.request(
-            "PUT", "/api/v1/queues/audit/retention", json={"completed_seconds": 7 * DAY}
+        put = api.request(  # "audit" has no tasks yet: ?create=true
+            "PUT",
+            "/api/v1/queues/audit/retention",
+            params={"create": "true"},
+            json={"completed_seconds": 7 * DAY},
         )
         assert put.status_code == 200, put.text
         assert put.json()["completed_retention"] == 7 * DAY

@@ -61,12 +61,25 @@ async def resume_queue(name: str, state: AppState) -> QueueOut:
     return QueueOut(**dataclasses.asdict(resumed))
 
 
-@router.put("/queues/{name}/retention", response_model=QueueOut, responses=responses(400, *COMMON))
-async def set_queue_retention(name: str, body: RetentionIn, state: AppState) -> QueueOut:
+@router.put(
+    "/queues/{name}/retention", response_model=QueueOut, responses=responses(400, 404, *COMMON)
+)
+async def set_queue_retention(
+    name: str,
+    body: RetentionIn,
+    state: AppState,
+    create: Annotated[
+        bool,
+        Query(
+            description="Set it on a queue that has no tasks and no settings yet (without it, "
+            "such a name is refused with 404: most often it is a typo)."
+        ),
+    ] = False,
+) -> QueueOut:
     """How long this queue's finished tasks are kept, in place of the workers' defaults;
     pruning applies it from its next round on."""
     async with state.connection() as conn:
         q = await aio.set_queue_retention(
-            conn, name, completed=body.completed_seconds, dead=body.dead_seconds
+            conn, name, completed=body.completed_seconds, dead=body.dead_seconds, create=create
         )
     return QueueOut(**dataclasses.asdict(q))
