@@ -586,6 +586,11 @@ RETURNING t.id, t.status, t.type, t.attempts;
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
 -- handler sees the flag through its context (cooperative cancellation).
+-- The worker holding a running task's lease is told at once, on commit (issue 15): a NOTIFY
+-- on pgqueue_cancel, "OWNER TASK_ID", which its listener turns into the handler's stop flag
+-- within milliseconds instead of at its next heartbeat (a third of the lease later). The
+-- heartbeat still reads the flag: a notification lost while the listener reconnects is only
+-- late, never missed.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
@@ -593,7 +598,10 @@ UPDATE pgqueue.tasks AS t
        cancel_requested = true
   FROM clock
  WHERE t.id = %(id)s AND t.status IN ('queued', 'running')
-RETURNING t.*;
+RETURNING t.*,
+          CASE WHEN t.status = 'running'
+               THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
+              AS cancel_notified;
 
 -- name: task_replay
 -- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:

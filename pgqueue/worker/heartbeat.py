@@ -16,6 +16,7 @@ from pgqueue import aio
 from pgqueue.log import event
 from pgqueue.models import Lease
 from pgqueue.queries import HeartbeatResult
+from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
 from pgqueue.worker.state import Running, Slots
@@ -25,11 +26,15 @@ class Heartbeat:
     """``run`` beats every third of the lease until cancelled (the worker cancels it only
     once the last completion is written); ``beat_once`` is one round."""
 
-    def __init__(self, config: WorkerConfig, *, db: Database, slots: Slots) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, db: Database, slots: Slots, cancels: Cancels | None = None
+    ) -> None:
         self._config = config
         self._db = db
         self._running = slots.running
         self._pending = slots.pending
+        # The fallback of the listener's prompt path (issue 15): see worker/cancels.py.
+        self._cancels = cancels or Cancels(config, slots=slots)
 
     async def run(self) -> None:
         interval = max(self._config.lease_seconds / 3, 0.2)
@@ -69,12 +74,5 @@ class Heartbeat:
                     )
                 continue
             running.ctx.lease_expires_at = result.held[task_id]
-            if task_id in result.cancel_requested and not running.ctx.cancel_requested:
-                running.ctx.cancel_requested = True
-                running.ctx.stop()
-                event(
-                    "task.cancel_requested",
-                    task_id=task_id,
-                    type=running.task.type,
-                    attempt=running.task.attempts,
-                )
+            if task_id in result.cancel_requested:
+                self._cancels.requested(task_id, via="heartbeat")
