@@ -27,7 +27,7 @@ from pgqueue.error_text import format_exception
 from pgqueue.errors import LeaseLost
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import arun, dumps, run, task_complete
-from pgqueue.registry import Cancel, Handler, Retry
+from pgqueue.registry import Cancel, Handler, Retry, Snooze
 
 
 class TaskContext:
@@ -140,11 +140,19 @@ class Cancelled:
 
 
 @dataclasses.dataclass(frozen=True)
+class Snoozed:
+    """The handler raised Snooze: run again ``after`` seconds from now, no attempt spent."""
+
+    after: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Lost:
     """The lease was lost before the outcome could be written: nothing is recorded."""
 
 
-Outcome = Completed | Recorded | Failed | Cancelled | Lost
+Outcome = Completed | Recorded | Failed | Cancelled | Snoozed | Lost
 
 
 def describe(exc: BaseException) -> str:
@@ -170,6 +178,8 @@ def _from_exception(exc: BaseException) -> Outcome:
         return Failed(f"Retry: {exc}", retry_after=exc.after)
     if isinstance(exc, Cancel):
         return Cancelled(str(exc) or "cancelled by handler")
+    if isinstance(exc, Snooze):
+        return Snoozed(exc.after, str(exc) or "snoozed")
     return Failed(describe(exc))
 
 

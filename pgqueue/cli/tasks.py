@@ -58,6 +58,10 @@ def describe(task: Task) -> str:
         if task.ready_since is not None and task.ready_since < task.visible_after:
             # Promoted or retried: its wait (the age stats report) began before its run time.
             pairs.append(("ready since", timestamp(task.ready_since)))
+    if task.expires_at is not None:  # issue 15
+        pairs.append(("expires", timestamp(task.expires_at)))
+    if task.snoozes:
+        pairs.append(("snoozes", str(task.snoozes)))
     pairs += [("started", timestamp(task.started_at)), ("finished", timestamp(task.finished_at))]
     if task.status is TaskStatus.RUNNING:
         pairs.append(
@@ -90,6 +94,23 @@ def task_table(tasks: Sequence[Task]) -> str:
             for t in tasks
         ],
     )
+
+
+# Issue 15: the expiry options of enqueue.
+ExpiresIn = Annotated[
+    float | None,
+    typer.Option(
+        "--expires-in",
+        metavar="SECONDS",
+        help="Never run it if no attempt has started by then: it ends cancelled, reason 'expired'.",
+    ),
+]
+ExpiresAt = Annotated[
+    str | None,
+    typer.Option(
+        "--expires-at", metavar="ISO8601", help="As --expires-in, a time with a timezone."
+    ),
+]
 
 
 @commands.command()
@@ -137,6 +158,8 @@ def enqueue(
             help="Attempts before dead-lettering (default: the type's declaration, else 3).",
         ),
     ] = None,
+    expires_in: ExpiresIn = None,
+    expires_at: ExpiresAt = None,
 ) -> None:
     """Submit a task."""
     if delay is not None and run_at is not None:
@@ -158,6 +181,8 @@ def enqueue(
             run_at=when,
             delay=delay,
             max_attempts=parse_count(max_attempts, "--max-attempts"),
+            expires_in=expires_in,
+            expires_at=parse_time(expires_at, "--expires-at") if expires_at is not None else None,
         )
     task = result.task
     pairs: list[tuple[str, object]] = [

@@ -59,6 +59,8 @@ async def submit(
                 run_at=body.run_at,
                 delay=body.delay_seconds,
                 max_attempts=body.max_attempts,
+                expires_in=body.expires_in,
+                expires_at=body.expires_at,
             )
     state.metrics.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
     if not result.created:
