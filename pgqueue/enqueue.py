@@ -180,7 +180,16 @@ def prepare(
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give either run_at or delay, not both")
     if run_at is not None:
-        run_at = _aware("run_at", run_at)
+        if not isinstance(run_at, datetime):
+            raise ValidationError("run_at", f"must be a datetime, not {run_at.__class__.__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ValidationError("run_at", "must be timezone-aware (e.g. datetime.now(UTC))")
+        try:
+            # In UTC from here on: an offset with seconds and microseconds is valid Python
+            # but not a time zone PostgreSQL's text input accepts.
+            run_at = run_at.astimezone(UTC)
+        except OverflowError:
+            raise ValidationError("run_at", "is outside the years 1 to 9999 in UTC") from None
     delay_seconds = 0.0
     if delay is not None:
         if isinstance(delay, bool) or not isinstance(delay, int | float):
@@ -217,8 +226,7 @@ def prepare(
 
 
 def _aware(field: str, value: object) -> datetime:
-    """An aware datetime, in UTC: an offset with seconds and microseconds is valid Python but
-    not a time zone PostgreSQL's text input accepts."""
+    """An aware datetime, in UTC, as run_at is checked above (issue 15: for expires_at)."""
     if not isinstance(value, datetime):
         raise ValidationError(field, f"must be a datetime, not {value.__class__.__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
