@@ -6,7 +6,8 @@ lease on ``pgqueue_cancel`` with ``OWNER TASK_ID``, and the listener hands the p
 :meth:`Cancels.notified`, so a handler polling ``ctx.should_stop()`` sees the request
 milliseconds after the cancel commits. The heartbeat reads the row's flag every third of the
 lease and calls :meth:`Cancels.requested` too: a notification lost while the listener was
-reconnecting makes the stop late, never missed. Whichever comes first wins; the other finds
+disconnected is never missed, and the listener has the heartbeat beat as soon as it is
+connected again, so it is late by the reconnection, not by a third of the lease. Whichever comes first wins; the other finds
 the flag already set and does nothing.
 """
 

@@ -9,6 +9,7 @@ after which the task's outcome is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 
@@ -35,11 +36,19 @@ class Heartbeat:
         self._pending = slots.pending
         # The fallback of the listener's prompt path (issue 15): see worker/cancels.py.
         self._cancels = cancels or Cancels(config, slots=slots)
+        self._soon = asyncio.Event()  # beat now, not at the end of the interval
+
+    def soon(self) -> None:
+        """Beat now: the listener (re)connected, and cancellations notified while it was
+        deaf are lost; this round brings them (issue 15)."""
+        self._soon.set()
 
     async def run(self) -> None:
         interval = max(self._config.lease_seconds / 3, 0.2)
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._soon.wait(), interval)
+            self._soon.clear()
             await self.beat_once()
 
     async def beat_once(self) -> None:

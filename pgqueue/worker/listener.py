@@ -31,12 +31,14 @@ class Listener:
         *,
         wake: asyncio.Event,
         on_cancel: Callable[[str], object] | None = None,
+        on_connect: Callable[[], object] | None = None,
     ) -> None:
         self.database_url = database_url
         self._config = config
         self._queues = set(config.queues)
         self._wake = wake
         self._on_cancel = on_cancel
+        self._on_connect = on_connect
 
     async def run(self) -> None:
         delay = 0.2
@@ -48,8 +50,10 @@ class Listener:
                 async with conn:
                     await conn.execute("LISTEN pgqueue")
                     if self._on_cancel is not None:
-                        # Cancels sent while we were deaf are lost: the heartbeat brings them.
                         await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                    if self._on_connect is not None:
+                        # Cancels sent while we were deaf are lost: a heartbeat now brings them.
+                        self._on_connect()
                     self._wake.set()  # anything sent while we were deaf is lost: look now
                     delay = 0.2
                     async for note in conn.notifies():

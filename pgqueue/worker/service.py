@@ -84,7 +84,13 @@ class Worker:
         )
         self._cancels = Cancels(cfg, slots=slots)
         self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots, cancels=self._cancels)
-        self._listener = Listener(url, cfg, wake=slots.wake, on_cancel=self._cancels.notified)
+        self._listener = Listener(
+            url,
+            cfg,
+            wake=slots.wake,
+            on_cancel=self._cancels.notified,
+            on_connect=self._heartbeat.soon,
+        )
         self._scheduler = Scheduler(registry, db=self._db)
 
     @property

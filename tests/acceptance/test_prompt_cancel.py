@@ -128,3 +128,39 @@ def test_a_cancel_of_another_workers_task_does_not_stop_this_ones(
     assert running(conn, second), "a cancel of one task stopped another"
     told = [e for w in (a, b) for e in w.events() if e["event"] == "task.cancel_requested"]
     assert [e["task_id"] for e in told] == [str(first)]
+
+
+def test_a_cancel_notified_while_the_listener_was_cut_off_arrives_when_it_reconnects(
+    database_url: str, server_url: str, conn: psycopg.Connection[Any], workers: Workers
+):
+    """The notification is lost while the worker's LISTEN connection is down; on reconnecting
+    the listener has the heartbeat beat at once, which brings the request (not 40 s later)."""
+    task_id = pgqueue.enqueue(conn, "poll", {}).id
+    worker = workers.start(
+        database_url, *LEASE, "--log-format", "json", registry="cancel_handlers:tasks"
+    )
+    wait_until(lambda: running(conn, task_id), timeout=60, what="the task to run", alive=[worker])
+    database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        # No new connection to the database (existing ones, the worker's pool included, go
+        # on), then the listener's is cut: it retries with backoff and cannot LISTEN again.
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        try:
+            cut = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = %s AND query LIKE 'LISTEN %%'",
+                (database,),
+            ).fetchone()
+            assert cut == (1,), cut
+            assert pgqueue.cancel(conn, task_id).cancel_requested  # its NOTIFY reaches nobody
+            time.sleep(1.0)  # not an assertion: the listener is down for a while
+            assert running(conn, task_id)
+        finally:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+    allowed = time.time()
+    seen = wait_until(
+        lambda: seen_at(conn, task_id), timeout=60, what="the handler to stop", alive=[worker]
+    )
+    assert seen - allowed < PROMPT, f"the handler saw the stop {seen - allowed:.2f} s later"
+    (told,) = [e for e in worker.events() if e["event"] == "task.cancel_requested"]
+    assert told["via"] == "heartbeat"
