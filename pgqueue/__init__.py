@@ -179,3 +179,10 @@ __all__ = [
     "throughput",
     "throughput_series",
 ]
+
+# Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.
+from pgqueue.models import SnoozeResult
+from pgqueue.operations import expire, snooze
+from pgqueue.registry import Snooze
+
+__all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]

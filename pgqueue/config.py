@@ -149,6 +149,28 @@ def max_result_bytes() -> int:
     return _byte_limit(ENV_MAX_RESULT_BYTES, DEFAULT_MAX_RESULT_BYTES)
 
 
+ENV_MAX_SNOOZES = "PGQUEUE_MAX_SNOOZES"
+DEFAULT_MAX_SNOOZES = 100
+MAX_MAX_SNOOZES = 1_000_000
+
+
+def max_snoozes() -> int:
+    """How many times a task may snooze (a handler's ``Snooze``) before a snooze counts as a
+    failed attempt: ``PGQUEUE_MAX_SNOOZES`` or 100. Read by the worker at its start."""
+    raw = os.environ.get(ENV_MAX_SNOOZES)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_SNOOZES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{ENV_MAX_SNOOZES} must be an integer, not {raw!r}") from None
+    if not 0 <= value <= MAX_MAX_SNOOZES:
+        raise ConfigurationError(
+            f"{ENV_MAX_SNOOZES} must be from 0 to {MAX_MAX_SNOOZES}, not {value}"
+        )
+    return value
+
+
 ENV_SNAPSHOT_WARN_SECONDS = "PGQUEUE_SNAPSHOT_WARN_SECONDS"
 DEFAULT_SNAPSHOT_WARN_SECONDS = 60.0
 

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgqueue import config
@@ -166,6 +166,8 @@ def prepare(
     max_attempts: int | None = None,
     retry: RetryPolicy | None = None,
     max_payload_bytes: int | None = None,
+    expires_in: float | None = None,
+    expires_at: datetime | None = None,
 ) -> TaskSpec:
     """Validate one task's arguments and build the row to insert; raises before any write."""
     check_name("type", type)
@@ -198,6 +200,7 @@ def prepare(
         if delay > MAX_DELAY_SECONDS:
             raise ValidationError("delay", f"must be at most {MAX_DELAY_SECONDS} s (10 years)")
         delay_seconds = float(delay)
+    expiry = _expiry(expires_in, expires_at, run_at, delay_seconds)
     # Only what the caller gave: the insert fills the rest from the type's declaration, else
     # the default (per call > declared > default, field by field; see task_insert).
     attempts: int | None = retry.max_attempts if retry else None
@@ -217,4 +220,63 @@ def prepare(
         idempotency_key=idempotency_key,
         run_at=run_at,
         delay_seconds=delay_seconds,
+        expires_at=expiry[0],
+        expires_in=expiry[1],
     )
+
+
+def _aware(field: str, value: object) -> datetime:
+    """An aware datetime, in UTC, as run_at is checked above (issue 15: for expires_at)."""
+    if not isinstance(value, datetime):
+        raise ValidationError(field, f"must be a datetime, not {value.__class__.__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError(field, "must be timezone-aware (e.g. datetime.now(UTC))")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError(field, "is outside the years 1 to 9999 in UTC") from None
+
+
+def _expiry(
+    expires_in: float | None,
+    expires_at: datetime | None,
+    run_at: datetime | None,
+    delay: float,
+) -> tuple[datetime | None, float | None]:
+    """The expiry (issue 15) as (expires_at, expires_in), checked: one of the two at most, in
+    the future, and after the task's run time (it would expire before it could start). The
+    times compare with this machine's clock; expires_in counts from the server's at the
+    insert, as delay does."""
+    if expires_in is None and expires_at is None:
+        return None, None
+    if expires_in is not None and expires_at is not None:
+        raise ValidationError("expires_at", "give either expires_in or expires_at, not both")
+    now = datetime.now(UTC)
+    if expires_in is not None:
+        if (
+            isinstance(expires_in, bool)
+            or not isinstance(expires_in, int | float)
+            or (isinstance(expires_in, float) and not math.isfinite(expires_in))
+            or not 0 < expires_in <= MAX_DELAY_SECONDS
+        ):
+            raise ValidationError(
+                "expires_in",
+                f"must be seconds from more than 0 to {MAX_DELAY_SECONDS} (10 years), "
+                f"not {expires_in!r}",
+            )
+        if run_at is not None and run_at >= now + timedelta(seconds=expires_in):
+            raise ValidationError("expires_in", "expires before run_at: the task could never run")
+        if delay and delay >= expires_in:
+            raise ValidationError("expires_in", "expires before its delay has passed")
+        return None, float(expires_in)
+    assert expires_at is not None
+    expires_at = _aware("expires_at", expires_at)
+    if expires_at <= now:
+        raise ValidationError("expires_at", f"is in the past ({expires_at.isoformat()})")
+    if expires_at > now + timedelta(seconds=MAX_DELAY_SECONDS):
+        raise ValidationError("expires_at", "is more than 10 years away")
+    if run_at is not None and run_at >= expires_at:
+        raise ValidationError("expires_at", "expires before run_at: the task could never run")
+    if delay and now + timedelta(seconds=delay) >= expires_at:
+        raise ValidationError("expires_at", "expires before its delay has passed")
+    return expires_at, None

@@ -26,7 +26,7 @@ from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import arun, run, task_complete
-from pgqueue.registry import Cancel, Handler, Retry
+from pgqueue.registry import Cancel, Handler, Retry, Snooze
 from pgqueue.result_encoding import encode_result
 
 
@@ -35,9 +35,13 @@ class TaskContext:
 
     ``should_stop()`` turns true when the worker is shutting down, someone asked to cancel
     the task, its timeout passed, or its lease was lost; long handlers should check it and
-    return or raise early. ``connection`` (sync handlers) and ``await aconnection()`` (async
-    handlers) give a connection in a transaction that also records the task's completion:
-    the handler's writes and the completion commit together or not at all.
+    return or raise early. A cancellation reaches it within milliseconds of the cancel's
+    commit (the worker is notified), or at the next heartbeat if the notification was lost.
+    An async handler may instead ``await ctx.stopped()``, which returns when it turns true
+    (race it against its work with ``asyncio.wait``). ``connection`` (sync handlers) and
+    ``await aconnection()`` (async handlers) give a connection in a transaction that also
+    records the task's completion: the handler's writes and the completion commit together
+    or not at all.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class TaskContext:
         self.lease_lost = False
         self.timed_out = False
         self._stopped = False  # a plain flag: set once, read from handler threads (atomic)
+        self._stop_event: asyncio.Event | None = None  # made by the first stopped() only
         self._sync_pool = sync_pool
         self._async_pool = async_pool
         self._conn: psycopg.Connection[Any] | None = None
@@ -71,7 +76,19 @@ class TaskContext:
         return self._stopped
 
     def stop(self) -> None:
+        """Called on the worker's event loop (a cancellation, a timeout, a lost lease, the
+        shutdown), which is where stopped()'s waiters are."""
         self._stopped = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def stopped(self) -> None:
+        """Return once ``should_stop()`` is true (async handlers, on the worker's loop)."""
+        if self._stopped:
+            return
+        if self._stop_event is None:
+            self._stop_event = asyncio.Event()
+        await self._stop_event.wait()
 
     @property
     def is_last_attempt(self) -> bool:
@@ -128,11 +145,19 @@ class Cancelled:
 
 
 @dataclasses.dataclass(frozen=True)
+class Snoozed:
+    """The handler raised Snooze: run again ``after`` seconds from now, no attempt spent."""
+
+    after: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Lost:
     """The lease was lost before the outcome could be written: nothing is recorded."""
 
 
-Outcome = Completed | Recorded | Failed | Cancelled | Lost
+Outcome = Completed | Recorded | Failed | Cancelled | Snoozed | Lost
 
 
 def describe(exc: BaseException) -> str:
@@ -157,6 +182,8 @@ def _from_exception(exc: BaseException) -> Outcome:
         return Failed(f"Retry: {exc}", retry_after=exc.after)
     if isinstance(exc, Cancel):
         return Cancelled(str(exc) or "cancelled by handler")
+    if isinstance(exc, Snooze):
+        return Snoozed(exc.after, str(exc) or "snoozed")
     return Failed(describe(exc))
 
 

@@ -175,6 +175,10 @@ class Task:
     # When the task first became ready: a promotion, a retry or a release moves visible_after
     # but not this (a replay starts a new wait). The age of waiting work counts from it.
     ready_since: datetime | None = None
+    # Issue 15: how many times a handler snoozed it (Snooze: no attempt spent), and when it
+    # expires if no attempt has been spent by then (None: never).
+    snoozes: int = 0
+    expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -203,6 +207,8 @@ class Task:
                 else Priority(row["submitted_priority"])
             ),
             ready_since=row.get("ready_since") or row["visible_after"],
+            snoozes=row.get("snoozes") or 0,
+            expires_at=row.get("expires_at"),
         )
 
     @property
@@ -295,6 +301,19 @@ class FailResult:
     outcome: FailOutcome
     attempts: int
     retry_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SnoozeResult:
+    """A recorded snooze (issue 15): ``snoozed`` False when the task had reached its bound
+    and the snooze was recorded as a failed attempt instead (``failed`` says what that did)."""
+
+    task_id: uuid.UUID
+    snoozed: bool
+    snoozes: int
+    run_at: datetime | None
+    cancelled: bool = False  # a cancellation requested meanwhile won
+    failed: FailResult | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pgqueue.models import (
     QueueStats,
     QueueThroughput,
     RetryPolicy,
+    SnoozeResult,
     SweepResult,
     Task,
     TaskStatus,
@@ -225,11 +226,13 @@ def enqueue(
 
     Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
     ``idempotency_key``, ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``,
-    ``retry`` (a RetryPolicy). With an idempotency key that was already used, nothing is
-    inserted and the original task comes back with ``created=False``, whatever was submitted
-    this time; with ``key_reuse="refuse"``, only if this submit has the original's type, queue
-    and payload (JSON equality), else IdempotencyConflict is raised, naming the original and
-    the fields that differ. Nothing is written then, and the transaction is still usable.
+    ``retry`` (a RetryPolicy), ``expires_in`` (seconds) or ``expires_at`` (aware datetime): if
+    no attempt has been spent by then, the task never runs and ends cancelled, reason
+    ``expired``. With an idempotency key that was already used, nothing is inserted and the
+    original task comes back with ``created=False``, whatever was submitted this time; with
+    ``key_reuse="refuse"``, only if this submit has the original's type, queue and payload
+    (JSON equality), else IdempotencyConflict is raised, naming the original and the fields
+    that differ. Nothing is written then, and the transaction is still usable.
     """
     now = options.pop("now", None)
     reuse = KeyReuse.parse(key_reuse)
@@ -298,9 +301,10 @@ def cancel(task_id: uuid.UUID | str, *, now: datetime | None = None) -> Op[Task]
     """Cancel a task.
 
     A queued (or scheduled) task becomes ``cancelled`` and will never run. A running task
-    cannot be stopped from outside safely, so it is flagged: its handler sees
-    ``context.should_stop()`` turn true and may raise ``Cancel``; if it completes anyway, the
-    result stands. A finished task raises InvalidTaskState.
+    cannot be stopped from outside safely, so it is flagged and, when you commit, the worker
+    holding its lease is notified: its handler sees ``context.should_stop()`` turn true at
+    once (at the next heartbeat if the notification was lost) and may raise ``Cancel``; if
+    it completes anyway, the result stands. A finished task raises InvalidTaskState.
     """
     return queries.task_cancel(parse_task_id(task_id), now)
 
@@ -630,6 +634,38 @@ def fail(
 def cancel_leased(lease: Lease, reason: str, *, now: datetime | None = None) -> Op[None]:
     """The holder cancels its own task (a handler raised Cancel): final, not retried."""
     return queries.task_cancel_leased(lease, reason, now)
+
+
+# --- issue 15: snooze and expiry ------------------------------------------------------------
+
+
+@operation
+def snooze(
+    lease: Lease,
+    after: float,
+    *,
+    reason: str = "snoozed",
+    max_snoozes: int | None = None,
+    now: datetime | None = None,
+) -> Op[SnoozeResult]:
+    """Record a snooze (a handler raised Snooze): queued again ``after`` seconds from now,
+    the attempt given back, the snooze count one higher. A task that has snoozed
+    ``max_snoozes`` times (default: ``PGQUEUE_MAX_SNOOZES``, else 100) gets a failed attempt
+    instead, whose error names the bound. Raises LeaseLost if the lease is no longer held."""
+    seconds = check_seconds("after", after)
+    bound = config.max_snoozes() if max_snoozes is None else max_snoozes
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+        raise ValidationError("max_snoozes", f"must be an integer >= 0, not {bound!r}")
+    return queries.task_snooze(lease, seconds, max_snoozes=bound, reason=reason, now=now)
+
+
+@operation
+def expire(*, limit: int = 1000, now: datetime | None = None) -> Op[list[uuid.UUID]]:
+    """Cancel, with the reason ``expired``, up to ``limit`` waiting tasks whose expiry passed
+    before any attempt was spent; their ids. Workers do this in their maintenance (every
+    sweep); claims never start such a task meanwhile."""
+    op = queries.task_expire(check_limit(limit), now)
+    return mapped(op, lambda rows: [row["id"] for row in rows])
 
 
 @operation

@@ -49,6 +49,7 @@ from pgqueue.models import (
     QueueStats,
     QueueThroughput,
     RetryPolicy,
+    SnoozeResult,
     SweepResult,
     Task,
     TaskStatus,
@@ -318,6 +319,10 @@ class TaskSpec(NamedTuple):
     idempotency_key: str | None
     run_at: datetime | None
     delay_seconds: float
+    # Issue 15: the expiry, an aware time or seconds from the server's clock at the insert
+    # (at most one of the two; neither: never expires).
+    expires_at: datetime | None = None
+    expires_in: float | None = None
 
 
 # The retry policy of a task whose caller and type declared none.
@@ -340,7 +345,11 @@ def _explicit(spec: TaskSpec) -> bool:
 
 
 def _inserted(
-    spec: TaskSpec, created_at: datetime, visible_after: datetime, max_attempts: int
+    spec: TaskSpec,
+    created_at: datetime,
+    visible_after: datetime,
+    max_attempts: int,
+    expires_at: datetime | None = None,
 ) -> Task:
     """The Task a fresh insert created, built from what was sent rather than read back: the
     statement returns only what the server decided (times, the resolved max_attempts), which
@@ -365,6 +374,7 @@ def _inserted(
         started_at=None,
         finished_at=None,
         ready_since=visible_after,
+        expires_at=expires_at,
     )
 
 
@@ -395,12 +405,17 @@ def task_insert(
             "explicit": _explicit(spec),
             "now": now,
             "trace_context": _trace_json(trace_context),
+            "expires_at": spec.expires_at,
+            "expires_in": spec.expires_in,
             **_defaults(),
         },
     )
     if rows:
         row = rows[0]
-        return _inserted(spec, row["created_at"], row["visible_after"], row["max_attempts"]), True
+        created = _inserted(
+            spec, row["created_at"], row["visible_after"], row["max_attempts"], row["expires_at"]
+        )
+        return created, True
     # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield from _holders([spec], key_reuse)
@@ -455,7 +470,7 @@ def _refuse_if_different(
 
 _COPY_TYPES = (
     "uuid", "text", "text", "jsonb", "int2", "int4", "float4", "float4", "float4",
-    "timestamptz", "timestamptz", "jsonb", "bool",
+    "timestamptz", "timestamptz", "jsonb", "bool", "timestamptz",
 )  # fmt: skip
 
 
@@ -533,13 +548,16 @@ def task_insert_many(
             )
             payload = Jsonb(s.payload_json, dumps=_stored_as_is)
             attempts, base, factor, cap, mark = _resolved_policy(s, policies)
+            expires_at = s.expires_at
+            if s.expires_in is not None:  # issue 15: from the server's clock, as the INSERTs
+                expires_at = clock + timedelta(seconds=s.expires_in)
             rows.append(
                 (
                     s.id, s.queue, s.type, payload, int(s.priority), attempts, base, factor,
-                    cap, visible_after, clock, trace, mark,
+                    cap, visible_after, clock, trace, mark, expires_at,
                 )
             )  # fmt: skip
-            results[s.id] = (_inserted(s, clock, visible_after, attempts), True)
+            results[s.id] = (_inserted(s, clock, visible_after, attempts, expires_at), True)
         yield Copy("task_copy", _COPY_TYPES, rows)
         inserted_ids.extend(s.id for s in plain)
     keyed = [s for s in specs if s.idempotency_key is not None]
@@ -587,6 +605,8 @@ def _insert_keyed(
             "run_ats": [s.run_at for s in specs],
             "delays": [s.delay_seconds for s in specs],
             "explicits": [_explicit(s) for s in specs],
+            "expires_ats": [s.expires_at for s in specs],
+            "expires_ins": [s.expires_in for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
             **_defaults(),
@@ -613,8 +633,10 @@ def _insert_keyed(
     for s in specs:
         if s.id in inserted:
             row = inserted[s.id]
-            task = _inserted(s, row["created_at"], row["visible_after"], row["max_attempts"])
-            out.append((task, True))
+            created = _inserted(
+                s, row["created_at"], row["visible_after"], row["max_attempts"], row["expires_at"]
+            )
+            out.append((created, True))
         elif s.idempotency_key in existing:
             # Either an older task, or an earlier spec of this same batch with the same key.
             out.append((existing[s.idempotency_key], False))
@@ -878,6 +900,54 @@ def task_cancel_leased(lease: Lease, reason: str, now: datetime | None = None) -
     )
     if not rows:
         raise LeaseLost(lease.task_id)
+
+
+# --- issue 15: snooze and expiry ------------------------------------------------------------
+
+
+def task_snooze(
+    lease: Lease,
+    after: float,
+    *,
+    max_snoozes: int,
+    reason: str = "snoozed",
+    now: datetime | None = None,
+) -> Op[SnoozeResult]:
+    """Put a running task back to queued for ``after`` seconds without spending its attempt;
+    at ``max_snoozes`` snoozes already, a failed attempt instead, whose error names the bound.
+    Raises LeaseLost if the lease is no longer held."""
+    rows = yield Query(
+        "task_snooze",
+        {
+            "id": lease.task_id,
+            "token": lease.token,
+            "after": after,
+            "max_snoozes": max_snoozes,
+            "now": now,
+        },
+    )
+    if rows:
+        row = rows[0]
+        cancelled = row["status"] == TaskStatus.CANCELLED
+        return SnoozeResult(
+            task_id=row["id"],
+            snoozed=True,
+            snoozes=row["snoozes"],
+            run_at=None if cancelled else row["visible_after"],
+            cancelled=cancelled,
+        )
+    error = (
+        f"Snooze: snoozed {max_snoozes} times already, the bound (max_snoozes={max_snoozes}, "
+        f"PGQUEUE_MAX_SNOOZES); this snooze ({reason}) counts as a failed attempt"
+    )
+    failed = yield from task_fail(lease, error, delay=after, now=now)  # raises LeaseLost
+    return SnoozeResult(lease.task_id, False, max_snoozes, failed.retry_at, failed=failed)
+
+
+def task_expire(limit: int, now: datetime | None = None) -> Op[list[Row]]:
+    """Cancel (reason 'expired') up to ``limit`` waiting tasks whose expiry has passed with
+    no attempt spent; their id, type, queue, attempts and expiry."""
+    return (yield Query("task_expire", {"limit": limit, "now": now}))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,8 @@ event loop), called as ``handler(payload, context)``. Its outcome vocabulary is 
 - raise :class:`Retry` (optionally ``after=`` seconds): a failed attempt, retried after that
   delay, or dead-lettered if it was the last attempt;
 - raise :class:`Cancel`: the task is **cancelled**, never retried;
+- raise :class:`Snooze` (``after=`` seconds): queued again that much later, no attempt spent
+  (bounded: see Snooze);
 - raise anything else: a failed attempt, retried with the type's backoff or dead-lettered.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -37,6 +40,36 @@ class Retry(Exception):  # an outcome, not an error
 
 class Cancel(Exception):  # an outcome, not an error
     """Raised by a handler to cancel its task for good (no retry)."""
+
+
+# Issue 15. The longest snooze: the longest delay an enqueue may ask for (10 years).
+MAX_SNOOZE_SECONDS = 10 * 365 * 24 * 3600.0
+
+
+class Snooze(Exception):  # an outcome, not an error
+    """Raised by a handler to run its task again ``after`` seconds from now without spending
+    an attempt: for a downstream that answers "not now" (HTTP 429, a lock held elsewhere).
+
+    The task goes back to queued with its attempt given back and its snooze count one
+    higher. A task may snooze ``PGQUEUE_MAX_SNOOZES`` times (100 by default); past that, a
+    snooze counts as a failed attempt (retried after ``after`` seconds, or dead-lettered),
+    its error naming the bound, so a task cannot snooze forever. ``after`` is checked here:
+    a positive, finite number of seconds, at most 10 years.
+    """
+
+    def __init__(self, reason: str = "snoozed", *, after: float) -> None:
+        super().__init__(reason)
+        if (
+            isinstance(after, bool)
+            or not isinstance(after, int | float)
+            or (isinstance(after, float) and not math.isfinite(after))
+            or not 0 < after <= MAX_SNOOZE_SECONDS
+        ):
+            raise ValidationError(
+                "after",
+                f"must be seconds from more than 0 to {MAX_SNOOZE_SECONDS:g}, not {after!r}",
+            )
+        self.after = float(after)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,6 +77,17 @@ class SubmitTask(BaseModel):
         description="Attempts before dead-lettering; null: the type's declaration (recorded by "
         "workers at start), else 3.",
     )
+    # Issue 15: the expiry, one of the two at most, after the run time, in the future.
+    expires_in: Annotated[float, Strict()] | None = Field(
+        None,
+        gt=0,
+        le=MAX_DELAY_SECONDS,
+        description="Seconds from now: if no attempt has been spent by then, the task is never "
+        "run and ends cancelled, reason 'expired'.",
+    )
+    expires_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = Field(
+        None, description="As expires_in, an ISO 8601 date-time with a time zone offset."
+    )
 
 
 class IdempotencyConflictOut(BaseModel):
@@ -133,6 +144,15 @@ class TaskOut(BaseModel):
     lease_expires_at: datetime | None = Field(
         None, description="While running: when the lease runs out unless the worker renews it."
     )
+    # Issue 15.
+    snoozes: int = Field(
+        0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
+    )
+    expires_at: datetime | None = Field(
+        None,
+        description="If no attempt has been spent by then, it is never run: cancelled with "
+        "last_error 'expired'. null: never expires.",
+    )
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
@@ -159,6 +179,8 @@ class TaskOut(BaseModel):
             finished_at=task.finished_at,
             worker=task.lease_owner,
             lease_expires_at=task.lease_expires_at,
+            snoozes=task.snoozes,
+            expires_at=task.expires_at,
         )
 
 
@@ -184,6 +206,7 @@ class SubmitOut(BaseModel):
     finished_at: datetime | None
     worker: str | None = None
     lease_expires_at: datetime | None = None
+    expires_at: datetime | None = None
 
     @classmethod
     def of(cls, task: Task) -> SubmitOut:
@@ -205,6 +228,7 @@ class SubmitOut(BaseModel):
             finished_at=task.finished_at,
             worker=task.lease_owner,
             lease_expires_at=task.lease_expires_at,
+            expires_at=task.expires_at,
         )
 
 

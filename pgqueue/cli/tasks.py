@@ -58,6 +58,10 @@ def describe(task: Task) -> str:
         if task.ready_since is not None and task.ready_since < task.visible_after:
             # Promoted or retried: its wait (the age stats report) began before its run time.
             pairs.append(("ready since", timestamp(task.ready_since)))
+    if task.expires_at is not None:  # issue 15
+        pairs.append(("expires", timestamp(task.expires_at)))
+    if task.snoozes:
+        pairs.append(("snoozes", str(task.snoozes)))
     pairs += [("started", timestamp(task.started_at)), ("finished", timestamp(task.finished_at))]
     if task.status is TaskStatus.RUNNING:
         pairs.append(
@@ -92,6 +96,35 @@ def task_table(tasks: Sequence[Task]) -> str:
     )
 
 
+# Issue 15: the expiry options of enqueue.
+ExpiresIn = Annotated[
+    float | None,
+    typer.Option(
+        "--expires-in",
+        metavar="SECONDS",
+        help="Never run it if no attempt has started by then: it ends cancelled, reason 'expired'.",
+    ),
+]
+ExpiresAt = Annotated[
+    str | None,
+    typer.Option(
+        "--expires-at", metavar="ISO8601", help="As --expires-in, a time with a timezone."
+    ),
+]
+
+
+KeyReuseOption = Annotated[
+    str,
+    typer.Option(
+        "--key-reuse",
+        metavar="[return|refuse]",
+        help="When the key is already used: return the existing task whatever this "
+        "submits (default), or refuse (exit 1, error idempotency_conflict) unless this "
+        "has its type, queue and payload.",
+    ),
+]
+
+
 @commands.command()
 def enqueue(
     task_type: Annotated[
@@ -117,16 +150,7 @@ def enqueue(
             help="Submit at most once per key: a repeat returns the existing task.",
         ),
     ] = None,
-    key_reuse: Annotated[
-        str,
-        typer.Option(
-            "--key-reuse",
-            metavar="[return|refuse]",
-            help="When the key is already used: return the existing task whatever this "
-            "submits (default), or refuse (exit 1, error idempotency_conflict) unless this "
-            "has its type, queue and payload.",
-        ),
-    ] = "return",
+    key_reuse: KeyReuseOption = "return",
     delay: Annotated[
         float | None,
         typer.Option("--delay", min=0.0, metavar="SECONDS", help="Run no sooner than this."),
@@ -147,6 +171,8 @@ def enqueue(
             help="Attempts before dead-lettering (default: the type's declaration, else 3).",
         ),
     ] = None,
+    expires_in: ExpiresIn = None,
+    expires_at: ExpiresAt = None,
 ) -> None:
     """Submit a task."""
     if delay is not None and run_at is not None:
@@ -173,6 +199,8 @@ def enqueue(
             delay=delay,
             max_attempts=parse_count(max_attempts, "--max-attempts"),
             key_reuse=reuse,
+            expires_in=expires_in,
+            expires_at=parse_time(expires_at, "--expires-at") if expires_at is not None else None,
         )
     task = result.task
     pairs: list[tuple[str, object]] = [

@@ -1043,6 +1043,16 @@
           field("lease", "Lease expires", when(task.lease_expires_at)),
           field("idempotency-key", "Idempotency key", task.idempotency_key ?? "—"),
           field("cancel", "Cancel requested", task.cancel_requested ? "yes" : "no"),
+          // Issue 15: snoozes (no attempt spent) and the expiry, when the task has them.
+          task.snoozes ? field("snoozes", "Snoozed", `${task.snoozes} times`) : null,
+          task.expires_at
+            ? field(
+                "expires-at",
+                "Expires",
+                when(task.expires_at),
+                el("span", { class: "muted" }, task.status === "cancelled" && task.last_error === "expired" ? " (expired: never run)" : ` ${relative(task.expires_at)}`),
+              )
+            : null,
         ),
       ),
       el("div", { class: "panel" }, el("h3", {}, "Payload"), json("payload", task.payload)),

@@ -11,7 +11,7 @@ WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
-                               created_at, trace_context, policy_default)
+                               created_at, trace_context, policy_default, expires_at)
     SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
            coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
            coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
@@ -20,12 +20,16 @@ inserted AS (
            %(idempotency_key)s,
            coalesce(%(run_at)s::timestamptz, clock.now + %(delay)s * interval '1 second'),
            clock.now, %(trace_context)s::jsonb,
-           CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END
+           CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END,
+           -- The expiry (issue 15): an absolute time, or seconds from the server's clock.
+           coalesce(%(expires_at)s::timestamptz,
+                    clock.now + %(expires_in)s::double precision * interval '1 second')
       FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, visible_after, created_at, max_attempts
+    RETURNING id, queue, visible_after, created_at, max_attempts, expires_at
 )
 SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_attempts,
+       inserted.expires_at,
        CASE WHEN inserted.visible_after <= clock.now
             THEN pg_notify('pgqueue', inserted.queue) END AS notified
   FROM inserted, clock;
@@ -39,7 +43,7 @@ SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_at
 -- both, so that the first claim after its type is declared applies the declaration.
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, visible_after, created_at, trace_context,
-                           policy_default)
+                           policy_default, expires_at)
 SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
        coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
        coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
@@ -48,9 +52,13 @@ SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
        coalesce(%(run_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, now()) + %(delay)s * interval '1 second'),
        coalesce(%(now)s::timestamptz, now()), %(trace_context)s::jsonb,
-       CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END
+       CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END,
+       -- The expiry (issue 15), as in task_insert.
+       coalesce(%(expires_at)s::timestamptz,
+                coalesce(%(now)s::timestamptz, now())
+                + %(expires_in)s::double precision * interval '1 second')
   FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
-RETURNING visible_after, created_at, max_attempts,
+RETURNING visible_after, created_at, max_attempts, expires_at,
           CASE WHEN visible_after <= created_at THEN pg_notify('pgqueue', queue) END AS notified;
 
 -- name: clock
@@ -71,7 +79,7 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now,
 -- server's fastest way in. Times come from the "clock" statement, so they are the server's.
 COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                     backoff_factor, backoff_cap, visible_after, created_at, trace_context,
-                    policy_default)
+                    policy_default, expires_at)
 FROM STDIN (FORMAT BINARY);
 
 -- name: task_insert_many
@@ -80,7 +88,7 @@ FROM STDIN (FORMAT BINARY);
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
-                           created_at, trace_context, policy_default)
+                           created_at, trace_context, policy_default, expires_at)
 SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
        coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
        coalesce(v.backoff_base, d.backoff_base, %(default_backoff_base)s),
@@ -89,21 +97,24 @@ SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
        v.idempotency_key,
        coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
        %(trace_context)s::jsonb,
-       CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END
+       CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END,
+       coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second')  -- issue 15
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
               %(backoff_factors)s::real[], %(backoff_caps)s::real[],
               %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
-              %(delays)s::double precision[], %(explicits)s::boolean[]) WITH ORDINALITY
+              %(delays)s::double precision[], %(explicits)s::boolean[],
+              %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[])
+       WITH ORDINALITY
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
-            backoff_cap, idempotency_key, run_at, delay, explicit, n)
+            backoff_cap, idempotency_key, run_at, delay, explicit, expires_at, expires_in, n)
        LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
  -- In the caller's order, whatever the join: of two tasks in one batch with the same key,
  -- the first is the one created.
  ORDER BY v.n
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, visible_after, created_at, max_attempts;
+RETURNING id, visible_after, created_at, max_attempts, expires_at;
 
 -- name: queue_notify
 -- Wake idle workers of these queues (once per queue, after a bulk insert).
@@ -186,6 +197,9 @@ next AS (
                    WHERE status = 'queued' AND queue = w.queue AND priority = level.priority
                      AND (created_at, id) > (level.after_created, level.after_id)
                      AND visible_after <= clock.now
+                     -- Never start an expired task (issue 15): maintenance cancels it.
+                     -- A filter on the row the walk reads anyway, not a new range.
+                     AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
                      AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
                                       WHERE l.kind = 'type' AND l.name = tasks.type)
                    ORDER BY created_at, id
@@ -301,6 +315,7 @@ candidates AS (
      CROSS JOIN LATERAL (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND queue = served.name AND visible_after <= clock.now
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)  -- issue 15
               AND NOT EXISTS (SELECT 1 FROM room AS full_type
                                WHERE full_type.kind = 'type' AND full_type.name = tasks.type
                                  AND full_type.room <= 0)
@@ -317,6 +332,7 @@ candidates AS (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND type = open_type.name AND queue = served.name
               AND visible_after <= clock.now
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)  -- issue 15
             ORDER BY priority, created_at, id
             LIMIT open_type.room
            ) AS c
@@ -509,6 +525,29 @@ UPDATE pgqueue.tasks AS t
  WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
 RETURNING t.id;
 
+-- name: task_snooze
+-- A handler raised Snooze(after=...) (issue 15): back to queued, visible `after` seconds
+-- from now, without spending the attempt (the claim's is given back) and one snooze more.
+-- Its wait keeps counting from when it first became ready, as a retry's does: a downstream
+-- that answers 429 for an hour is a backlog growing old. Only below the bound: at
+-- max_snoozes no row comes back, and the caller records a failed attempt instead
+-- (task_fail), so a task cannot snooze forever. A cancellation requested meanwhile wins.
+-- Fenced by the lease, as every outcome write.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+UPDATE pgqueue.tasks AS t
+   SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
+       finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
+       visible_after = CASE WHEN t.cancel_requested THEN t.visible_after
+                            ELSE clock.now + %(after)s * interval '1 second' END,
+       ready_since = coalesce(t.ready_since, t.visible_after),
+       attempts = greatest(t.attempts - 1, 0),
+       snoozes = coalesce(t.snoozes, 0) + 1,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM clock
+ WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
+   AND coalesce(t.snoozes, 0) < %(max_snoozes)s
+RETURNING t.id, t.status, t.attempts, t.snoozes, t.visible_after;
+
 -- name: task_heartbeat
 -- Extend the leases the caller still holds; the answer says which are still held and
 -- whether someone asked for cooperative cancellation.
@@ -602,9 +641,35 @@ UPDATE pgqueue.tasks AS t
  WHERE t.id = e.id
 RETURNING t.id, t.status, t.type, t.attempts;
 
+-- name: task_expire
+-- Waiting tasks whose expiry passed before any attempt was spent (issue 15) end cancelled,
+-- with the reason 'expired', and are never run: the claim already skips them, and this pass
+-- (maintenance, every sweep) makes them final, so they do not sit queued for ever. Read
+-- from tasks_expiry_idx (only waiting tasks with an expiry and no attempt spent), oldest
+-- expiry first, in bounded batches.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+due AS (
+    SELECT id FROM pgqueue.tasks, clock
+     WHERE status = 'queued' AND attempts = 0 AND expires_at IS NOT NULL
+       AND expires_at <= clock.now
+     ORDER BY expires_at
+     LIMIT %(limit)s
+       FOR UPDATE OF tasks SKIP LOCKED
+)
+UPDATE pgqueue.tasks AS t
+   SET status = 'cancelled', finished_at = clock.now, last_error = 'expired'
+  FROM due, clock
+ WHERE t.id = due.id
+RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at;
+
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
 -- handler sees the flag through its context (cooperative cancellation).
+-- The worker holding a running task's lease is told at once, on commit (issue 15): a NOTIFY
+-- on pgqueue_cancel, "OWNER TASK_ID", which its listener turns into the handler's stop flag
+-- within milliseconds instead of at its next heartbeat (a third of the lease later). The
+-- heartbeat still reads the flag: a notification lost while the listener reconnects is only
+-- late, never missed.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
@@ -612,7 +677,10 @@ UPDATE pgqueue.tasks AS t
        cancel_requested = true
   FROM clock
  WHERE t.id = %(id)s AND t.status IN ('queued', 'running')
-RETURNING t.*;
+RETURNING t.*,
+          CASE WHEN t.status = 'running'
+               THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
+              AS cancel_notified;
 
 -- name: task_replay
 -- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:

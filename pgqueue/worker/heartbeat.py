@@ -9,6 +9,7 @@ after which the task's outcome is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 
@@ -16,6 +17,7 @@ from pgqueue import aio
 from pgqueue.log import event
 from pgqueue.models import Lease
 from pgqueue.queries import HeartbeatResult
+from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
 from pgqueue.worker.state import Running, Slots
@@ -25,16 +27,28 @@ class Heartbeat:
     """``run`` beats every third of the lease until cancelled (the worker cancels it only
     once the last completion is written); ``beat_once`` is one round."""
 
-    def __init__(self, config: WorkerConfig, *, db: Database, slots: Slots) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, db: Database, slots: Slots, cancels: Cancels | None = None
+    ) -> None:
         self._config = config
         self._db = db
         self._running = slots.running
         self._pending = slots.pending
+        # The fallback of the listener's prompt path (issue 15): see worker/cancels.py.
+        self._cancels = cancels or Cancels(config, slots=slots)
+        self._soon = asyncio.Event()  # beat now, not at the end of the interval
+
+    def soon(self) -> None:
+        """Beat now: the listener (re)connected, and cancellations notified while it was
+        deaf are lost; this round brings them (issue 15)."""
+        self._soon.set()
 
     async def run(self) -> None:
         interval = max(self._config.lease_seconds / 3, 0.2)
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._soon.wait(), interval)
+            self._soon.clear()
             await self.beat_once()
 
     async def beat_once(self) -> None:
@@ -69,12 +83,5 @@ class Heartbeat:
                     )
                 continue
             running.ctx.lease_expires_at = result.held[task_id]
-            if task_id in result.cancel_requested and not running.ctx.cancel_requested:
-                running.ctx.cancel_requested = True
-                running.ctx.stop()
-                event(
-                    "task.cancel_requested",
-                    task_id=task_id,
-                    type=running.task.type,
-                    attempt=running.task.attempts,
-                )
+            if task_id in result.cancel_requested:
+                self._cancels.requested(task_id, via="heartbeat")

@@ -1,4 +1,6 @@
-"""LISTEN wake-ups: an enqueue's NOTIFY wakes the claimer at once instead of at its next poll.
+"""LISTEN wake-ups: an enqueue's NOTIFY wakes the claimer at once instead of at its next poll,
+and a cancel's NOTIFY (``pgqueue_cancel``) stops the handler of a task this worker runs at once
+instead of at its next heartbeat (issue 15; see worker/cancels.py).
 
 A connection of its own, outside the pool: it sits in LISTEN for the worker's whole life. It is
 re-established after any disconnect, and every (re)connection wakes the claimer, since the
@@ -9,22 +11,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import psycopg
 
 from pgqueue.log import event
+from pgqueue.worker.cancels import CANCEL_CHANNEL
 from pgqueue.worker.config import WorkerConfig
 
 
 class Listener:
     """``run`` listens until cancelled and sets ``wake`` for a notification about one of the
-    worker's queues (or ``*``: any queue)."""
+    worker's queues (or ``*``: any queue); a cancellation's payload goes to ``on_cancel``."""
 
-    def __init__(self, database_url: str, config: WorkerConfig, *, wake: asyncio.Event) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        config: WorkerConfig,
+        *,
+        wake: asyncio.Event,
+        on_cancel: Callable[[str], object] | None = None,
+        on_connect: Callable[[], object] | None = None,
+    ) -> None:
         self.database_url = database_url
         self._config = config
         self._queues = set(config.queues)
         self._wake = wake
+        self._on_cancel = on_cancel
+        self._on_connect = on_connect
 
     async def run(self) -> None:
         delay = 0.2
@@ -35,10 +49,18 @@ class Listener:
                 )
                 async with conn:
                     await conn.execute("LISTEN pgqueue")
+                    if self._on_cancel is not None:
+                        await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                    if self._on_connect is not None:
+                        # Cancels sent while we were deaf are lost: a heartbeat now brings them.
+                        self._on_connect()
                     self._wake.set()  # anything sent while we were deaf is lost: look now
                     delay = 0.2
                     async for note in conn.notifies():
-                        if note.payload in self._queues or note.payload == "*":
+                        if note.channel == CANCEL_CHANNEL:
+                            if self._on_cancel is not None:
+                                self._on_cancel(note.payload)
+                        elif note.payload in self._queues or note.payload == "*":
                             self._wake.set()
             except psycopg.Error as exc:
                 event(

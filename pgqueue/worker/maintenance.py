@@ -1,5 +1,5 @@
 """Built-in maintenance: the expired-lease sweep, retention pruning, the starvation policy's
-promotion and ANALYZE after a burst.
+promotion, ANALYZE after a burst, and cancelling tasks whose expiry passed (issue 15).
 
 On by default in every worker, so crash recovery never depends on a user scheduling it.
 Each batch runs in its own short transaction that first takes a transaction-level advisory
@@ -128,6 +128,32 @@ class Maintenance:
             )
         return out
 
+    async def expire_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
+        """Issue 15: cancel, reason 'expired', the waiting tasks whose expiry passed before any
+        attempt was spent (see task_expire), in bounded batches. Every sweep: the claim
+        already skips them, so this only makes them final, and an expired task is cancelled
+        within a sweep interval of its expiry."""
+        expired = 0
+        for _ in range(self.config.max_batches):
+            batch = await self._locked_batch(conn, queries.task_expire(self.config.batch_size))
+            if batch is None:
+                break
+            expired += len(batch)
+            for row in batch[:20]:  # the first few, by name
+                event(
+                    "task.expired",
+                    task_id=row["id"],
+                    type=row["type"],
+                    attempt=row["attempts"],
+                    queue=row["queue"],
+                    expires_at=row["expires_at"].isoformat(),
+                )
+            if len(batch) < self.config.batch_size:
+                break
+        if expired:
+            event("maintenance.expire", expired=expired)
+        return expired
+
     async def analyze_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
         """Refresh the table's statistics if a burst made them stale (see stats_staleness).
 
@@ -241,6 +267,7 @@ class Maintenance:
                     await self.analyze_once(conn)
                     if not first:
                         await self.sweep_once(conn)
+                        await self.expire_once(conn)
                         await self.promote_once(conn)
                     if not first and loop.time() >= next_prune:
                         next_prune = loop.time() + self.config.prune_interval

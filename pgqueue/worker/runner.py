@@ -17,6 +17,7 @@ from collections.abc import Awaitable
 from typing import Any, Literal, TypeVar
 
 from pgqueue import aio, tracing
+from pgqueue.config import max_snoozes
 from pgqueue.error_text import split_error
 from pgqueue.errors import LeaseLost
 from pgqueue.executor import (
@@ -28,6 +29,7 @@ from pgqueue.executor import (
     Lost,
     Outcome,
     Recorded,
+    Snoozed,
     TaskContext,
 )
 from pgqueue.log import event, logger
@@ -72,6 +74,7 @@ class Runner:
         self._max_result_bytes = max_result_bytes
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
+        self._max_snoozes = max_snoozes()  # PGQUEUE_MAX_SNOOZES, checked at start
 
     def open(self) -> None:
         self._threads = DaemonThreadPool(self._config.concurrency)
@@ -173,8 +176,48 @@ class Runner:
             ok = await self._db.call(lambda c: _fenced(_cancel(c, task.lease, outcome.reason)))
             event("task.cancelled" if ok else "task.lease_lost", **fields, reason=outcome.reason)
             return
+        if isinstance(outcome, Snoozed):
+            await self._record_snooze(task, outcome, fields)
+            return
         assert isinstance(outcome, Failed)
         await self._record_failure(task, outcome, fields)
+
+    async def _record_snooze(
+        self, task: ClaimedTask, outcome: Snoozed, fields: dict[str, Any]
+    ) -> None:
+        """Issue 15: queued again later without spending the attempt, or, at the bound, a
+        failed attempt (task_snooze says which)."""
+        bound = self._max_snoozes
+        result = await self._db.call(
+            lambda c: _fenced(
+                aio.snooze(c, task.lease, outcome.after, reason=outcome.reason, max_snoozes=bound)
+            )
+        )
+        if result is None or result is False:
+            event("task.lease_lost", logging.WARNING, **fields, note="while snoozing")
+            return
+        self.processed += 1
+        if result.cancelled:
+            event("task.cancelled", **fields, reason="cancellation requested", note="snoozed")
+        elif result.snoozed:
+            event(
+                "task.snoozed",
+                **fields,
+                after_s=outcome.after,
+                snoozes=result.snoozes,
+                max_snoozes=bound,
+                reason=outcome.reason,
+            )
+        else:
+            failed = result.failed
+            dead = failed is not None and failed.outcome is FailOutcome.DEAD
+            event(
+                "task.dead" if dead else "task.retried",
+                logging.ERROR if dead else logging.WARNING,
+                **fields,
+                max_attempts=task.max_attempts,
+                error=f"snoozed {bound} times (max_snoozes={bound}): counted as a failed attempt",
+            )
 
     async def _record_failure(
         self, task: ClaimedTask, outcome: Failed, fields: dict[str, Any]

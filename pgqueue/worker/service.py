@@ -21,6 +21,7 @@ from pgqueue.config import max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
 from pgqueue.registry import TaskRegistry
+from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.claimer import Claimer
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.config import WorkerConfig
@@ -86,8 +87,15 @@ class Worker:
             start=self._runner.start,
             declarations=registry.declarations(),
         )
-        self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots)
-        self._listener = Listener(url, cfg, wake=slots.wake)
+        self._cancels = Cancels(cfg, slots=slots)
+        self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots, cancels=self._cancels)
+        self._listener = Listener(
+            url,
+            cfg,
+            wake=slots.wake,
+            on_cancel=self._cancels.notified,
+            on_connect=self._heartbeat.soon,
+        )
         self._scheduler = Scheduler(registry, db=self._db)
 
     @property

@@ -497,6 +497,18 @@ def test_sweep_finds_expired_leases_by_index(big: psycopg.Connection[Any]) -> No
         assert lease_index in used, f"sweep ({label}) does not use {lease_index}: {used}"
 
 
+def test_expiry_finds_expired_tasks_by_their_index_not_the_backlog(
+    big: psycopg.Connection[Any],
+) -> None:
+    """Issue 15: maintenance's expiry pass (every sweep) reads tasks_expiry_idx, which holds
+    only waiting tasks with an expiry, never the backlog."""
+    query = first_query(queries.task_expire(MAINTENANCE_BATCH))
+    for label, plan in plans(big, query).items():
+        assert_index_only_access(plan, f"expire ({label})")
+        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
+        assert "tasks_expiry_idx" in used, f"expire ({label}) does not use it: {used}"
+
+
 def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any]) -> None:
     """Half of the finished rows are past retention (the day after a burst): each batch of
     1,000 must still come from an index, not from a scan of the table, which reads through

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0007_task_types
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0008_snooze_expiry
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -107,7 +107,9 @@ CREATE TABLE pgqueue.tasks (
     trace_context jsonb,
     ready_since timestamp with time zone,
     submitted_priority smallint,
-    policy_default boolean
+    policy_default boolean,
+    snoozes integer,
+    expires_at timestamp with time zone
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -120,6 +122,7 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
 CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
 CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE (status = 'queued'::text);
+CREATE INDEX tasks_expiry_idx ON pgqueue.tasks USING btree (expires_at) WHERE ((status = 'queued'::text) AND (attempts = 0) AND (expires_at IS NOT NULL));
 CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);

@@ -92,6 +92,8 @@ async def submit(
                     delay=body.delay_seconds,
                     max_attempts=body.max_attempts,
                     key_reuse=body.key_reuse,
+                    expires_in=body.expires_in,
+                    expires_at=body.expires_at,
                 )
     except IdempotencyConflict as exc:
         # Answered here rather than by the shared handlers: this body carries what only
