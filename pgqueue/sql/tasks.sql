@@ -116,6 +116,25 @@ SELECT * FROM pgqueue.tasks WHERE id = %(id)s;
 -- The existing tasks behind idempotency keys that an insert found taken.
 SELECT * FROM pgqueue.tasks WHERE idempotency_key = ANY(%(keys)s::text[]);
 
+-- name: task_waiter_add
+-- Wait for a task's result (pgqueue.wait): register, so that the statement finishing the task
+-- notifies 'pgqueue_done' (task_waiters_wake), and read the task in the same statement. FOR
+-- SHARE closes the race with a finish in flight: an UPDATE already holding the row makes this
+-- wait for its commit and read the final row; one that comes later waits for this commit,
+-- and its wake-up then sees the registration. Rows of waiters that died (expired) go here too.
+WITH gone AS (
+    DELETE FROM pgqueue.task_waiters WHERE expires_at < now()
+),
+registered AS (
+    INSERT INTO pgqueue.task_waiters (task_id, waiter_id, expires_at)
+    VALUES (%(id)s, %(waiter)s, now() + %(seconds)s * interval '1 second')
+)
+SELECT * FROM pgqueue.tasks WHERE id = %(id)s FOR SHARE;
+
+-- name: task_waiter_remove
+-- The wait is over (answered, timed out or interrupted): stop notifying for it.
+DELETE FROM pgqueue.task_waiters WHERE task_id = %(id)s AND waiter_id = %(waiter)s;
+
 -- name: task_list
 -- Newest first, with keyset pagination on (created_at, id) so deep pages stay cheap.
 SELECT * FROM pgqueue.tasks
@@ -433,13 +452,20 @@ locked AS MATERIALIZED (
             LIMIT 1
               FOR UPDATE
            ) AS t
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = 'completed', result = v.result::jsonb, finished_at = clock.now,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id;
+RETURNING t.id
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_fail
 -- A failed attempt: queued again after a backoff, or dead-lettered when attempts are spent.
@@ -462,7 +488,8 @@ decision AS (
                      WHEN t.attempts >= p.max_attempts THEN 'failed'
                      ELSE 'queued' END AS next_status
       FROM policy AS p JOIN pgqueue.tasks AS t USING (id)
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = p.next_status,
        visible_after = CASE WHEN p.next_status <> 'queued' THEN t.visible_after
@@ -478,17 +505,30 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, decision AS p
  WHERE t.id = p.id AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id, t.status, t.attempts, t.visible_after;
+RETURNING t.id, t.status, t.attempts, t.visible_after
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_cancel_leased
 -- A handler asked to cancel its own task: final, no retry.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = 'cancelled', finished_at = clock.now, last_error = left(%(reason)s, 8000),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock
  WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id;
+RETURNING t.id
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_heartbeat
 -- Extend the leases the caller still holds; the answer says which are still held and
@@ -527,7 +567,8 @@ locked AS MATERIALIZED (
             LIMIT 1
               FOR UPDATE
            ) AS t
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
        finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
@@ -536,7 +577,13 @@ UPDATE pgqueue.tasks AS t
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id, t.queue, t.status;
+RETURNING t.id, t.queue, t.status
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
@@ -563,7 +610,8 @@ expired AS (
                 WHEN attempts >= max_attempts THEN 'failed'
                 ELSE 'queued' END AS next_status
       FROM lost
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = e.next_status,
        attempts = CASE WHEN e.never_started THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
@@ -581,19 +629,32 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM expired AS e, clock
  WHERE t.id = e.id
-RETURNING t.id, t.status, t.type, t.attempts;
+RETURNING t.id, t.status, t.type, t.attempts
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
 -- handler sees the flag through its context (cooperative cancellation).
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
        finished_at = CASE WHEN t.status = 'queued' THEN clock.now ELSE t.finished_at END,
        cancel_requested = true
   FROM clock
  WHERE t.id = %(id)s AND t.status IN ('queued', 'running')
-RETURNING t.*;
+RETURNING t.*
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_replay
 -- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:
