@@ -31,6 +31,8 @@ from pgqueue.errors import (
     TaskNotFound,
     UnsupportedConnection,
     ValidationError,
+    WaitInTransaction,
+    WaitTimeout,
 )
 from pgqueue.executor import TaskContext
 from pgqueue.models import (
@@ -88,6 +90,7 @@ from pgqueue.operations import (
     sweep_expired,
     throughput,
     throughput_series,
+    wait,
 )
 from pgqueue.registry import Cancel, Retry, TaskRegistry
 from pgqueue.version import __version__
@@ -131,6 +134,8 @@ __all__ = [
     "TaskStatus",
     "UnsupportedConnection",
     "ValidationError",
+    "WaitInTransaction",
+    "WaitTimeout",
     "Worker",
     "WorkerConfig",
     "__version__",
@@ -170,4 +175,5 @@ __all__ = [
     "sweep_expired",
     "throughput",
     "throughput_series",
+    "wait",
 ]

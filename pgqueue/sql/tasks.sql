@@ -126,8 +126,10 @@ WITH gone AS (
     DELETE FROM pgqueue.task_waiters WHERE expires_at < now()
 ),
 registered AS (
+    -- Nothing to wait for (TaskNotFound) registers nothing.
     INSERT INTO pgqueue.task_waiters (task_id, waiter_id, expires_at)
-    VALUES (%(id)s, %(waiter)s, now() + %(seconds)s * interval '1 second')
+    SELECT %(id)s, %(waiter)s, now() + %(seconds)s * interval '1 second'
+     WHERE EXISTS (SELECT 1 FROM pgqueue.tasks WHERE id = %(id)s)
 )
 SELECT * FROM pgqueue.tasks WHERE id = %(id)s FOR SHARE;
 
