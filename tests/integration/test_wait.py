@@ -152,6 +152,21 @@ def test_wait_returns_when_the_handler_cancels_its_task(
     assert waiting.join().status is TaskStatus.CANCELLED
 
 
+def test_wait_returns_when_a_task_whose_cancellation_was_asked_is_released_or_fails(
+    conn: psycopg.Connection[Any], start_wait: Callable[..., Waiting]
+) -> None:
+    """A running task flagged by cancel() ends cancelled when its worker gives it back
+    (release: graceful shutdown) or its attempt fails; both paths wake the waiter."""
+    released, failed = (pgqueue.enqueue(conn, "resize", {}).id for _ in range(2))
+    leases = {c.id: c.lease for c in pgqueue.claim(conn, ["default"], limit=2, worker_id="t")}
+    waits = [start_wait(released), start_wait(failed)]
+    for task_id in (released, failed):
+        assert pgqueue.cancel(conn, task_id).status is TaskStatus.RUNNING  # flagged only
+    pgqueue.release(conn, [leases[released]])
+    pgqueue.fail(conn, leases[failed], "RuntimeError: stopped")
+    assert [w.join().status for w in waits] == [TaskStatus.CANCELLED, TaskStatus.CANCELLED]
+
+
 def test_wait_returns_when_the_sweep_dead_letters_an_expired_lease(
     conn: psycopg.Connection[Any], start_wait: Callable[..., Waiting]
 ) -> None:
