@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import socket
@@ -38,6 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -150,6 +152,36 @@ def library(url: str, count: int, sleep_ms: int, poll: float) -> tuple[list[floa
     return latencies, early
 
 
+async def _get(base: str, path: str) -> tuple[float, int, dict[str, Any]]:
+    """One GET on a connection of its own, read to its end: the wall clock when the answer
+    was in, its status and its JSON body. Raw asyncio streams rather than httpx: on a small
+    machine a thousand httpx requests cost the client seconds, which would be measured as the
+    server's latency."""
+    host, port = urlsplit(base).hostname, urlsplit(base).port
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    returned = time.time()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    if b"chunked" in head.lower():
+        body = _unchunk(body)
+    return returned, status, json.loads(body) if body else {}
+
+
+def _unchunk(body: bytes) -> bytes:
+    out = b""
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, body = out + rest[:n], rest[n + 2 :]
+    return out
+
+
 async def _many(base: str, url: str, count: int) -> tuple[list[float], int]:
     with psycopg.connect(url, autocommit=True) as conn:
         pgqueue.pause_queue(conn, QUEUE)
@@ -158,37 +190,45 @@ async def _many(base: str, url: str, count: int) -> tuple[list[float], int]:
             [{"type": "bench.wait", "queue": QUEUE, "payload": {"n": n}} for n in range(count)],
         )
         ids = [r.id for r in results]
-    limits = httpx.Limits(max_connections=count + 10, max_keepalive_connections=count + 10)
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+    waiting = [asyncio.create_task(_get(base, f"/api/v1/tasks/{t}?wait=60")) for t in ids]
 
-        async def one(task_id: uuid.UUID) -> tuple[float, httpx.Response]:
-            response = await client.get(f"/api/v1/tasks/{task_id}", params={"wait": 60})
-            return time.time(), response
-
-        waiting = [asyncio.create_task(one(t)) for t in ids]
-
-        def registered() -> int:
-            with psycopg.connect(url, autocommit=True) as conn:
-                row = conn.execute("SELECT count(*) FROM pgqueue.task_waiters").fetchone()
-                return int(row[0]) if row else 0
-
-        deadline = time.monotonic() + 120
-        while await asyncio.to_thread(registered) < count:
-            if time.monotonic() > deadline:
-                raise SystemExit("the waiters did not all register within 120 s")
-            await asyncio.sleep(0.1)
+    def registered() -> int:
         with psycopg.connect(url, autocommit=True) as conn:
-            pgqueue.resume_queue(conn, QUEUE)
-        answers = await asyncio.gather(*waiting)
+            row = conn.execute("SELECT count(*) FROM pgqueue.task_waiters").fetchone()
+            return int(row[0]) if row else 0
+
+    deadline = time.monotonic() + 120
+    while await asyncio.to_thread(registered) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit("the waiters did not all register within 120 s")
+        await asyncio.sleep(0.1)
+    with psycopg.connect(url, autocommit=True) as conn:
+        pgqueue.resume_queue(conn, QUEUE)
+    answers = await asyncio.gather(*waiting)
     latencies: list[float] = []
     refused = 0
-    for returned, response in answers:
-        body = response.json()
-        if response.status_code != 200 or body.get("status") != "completed":
+    for returned, status, body in answers:
+        if status != 200 or body.get("status") != "completed":
             refused += 1
             continue
         latencies.append(returned - datetime.fromisoformat(body["finished_at"]).timestamp())
     return latencies, refused
+
+
+async def _plain(base: str, url: str, count: int) -> tuple[list[float], int]:
+    """For scale: ``count`` concurrent plain GETs (no wait) of the same process, each timed
+    from its send to its answer: what the process takes to answer that many at once."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        tasks = [{"type": "bench.wait", "queue": "nobody"} for _ in range(count)]
+        ids = [r.id for r in pgqueue.enqueue_many(conn, tasks)]
+
+    async def one(task_id: uuid.UUID) -> tuple[float, int]:
+        sent = time.time()
+        returned, status, _ = await _get(base, f"/api/v1/tasks/{task_id}")
+        return returned - sent, status
+
+    answers = await asyncio.gather(*(one(t) for t in ids))
+    return [took for took, code in answers if code == 200], sum(c != 200 for _, c in answers)
 
 
 def row(name: str, latencies: list[float], note: str) -> str:
@@ -221,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             lat, refused = asyncio.run(_many(base, url, args.waiters))
             note = f"{args.waiters} at once on one API process; {refused} not answered 200"
             rows.append(row("HTTP ?wait=60", lat, note))
+            lat, refused = asyncio.run(_plain(base, url, args.waiters))
+            note = (
+                f"for scale: {args.waiters} plain GETs at once, send to answer; {refused} not 200"
+            )
+            rows.append(row("HTTP GET, no wait", lat, note))
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 "CREATE OR REPLACE FUNCTION pgqueue.task_waiters_wake(ids uuid[])"

@@ -1298,3 +1298,26 @@ def task_waiter_add(task_id: uuid.UUID, waiter: uuid.UUID, seconds: float) -> Op
 
 def task_waiter_remove(task_id: uuid.UUID, waiter: uuid.UUID) -> Op[None]:
     yield Query("task_waiter_remove", {"id": task_id, "waiter": waiter})
+
+
+# The API's waiter hub runs many waits' reads as one statement each (api/waiters.py): the
+# rows of each task, by id (a task missing has none).
+
+
+def task_waiter_add_many(
+    waits: Sequence[tuple[uuid.UUID, uuid.UUID, float]],
+) -> Op[dict[uuid.UUID, list[Row]]]:
+    """Register (task id, waiter, seconds) each and read their tasks."""
+    ids, waiters, seconds = (list(column) for column in zip(*waits, strict=True))
+    rows = yield Query("task_waiter_add_many", {"ids": ids, "waiters": waiters, "seconds": seconds})
+    return {row["id"]: [row] for row in rows}
+
+
+def task_get_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[Row]]]:
+    rows = yield Query("task_get_many", {"ids": list(ids)})
+    return {row["id"]: [row] for row in rows}
+
+
+def task_waiter_remove_many(waits: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[None]:
+    ids, waiters = (list(column) for column in zip(*waits, strict=True))
+    yield Query("task_waiter_remove_many", {"ids": ids, "waiters": waiters})

@@ -33,7 +33,9 @@ class ApiState:
         self.metrics = ApiMetrics()
         # Requests waiting for a result share one LISTEN connection (api/waiters.py).
         self.waiters = WaiterHub(
-            max_waiters=settings.max_waiters, poll_interval=settings.wait_poll_seconds
+            max_waiters=settings.max_waiters,
+            poll_interval=settings.wait_poll_seconds,
+            connection=self.connection,
         )
 
     async def open(self) -> None:

@@ -137,6 +137,30 @@ SELECT * FROM pgqueue.tasks WHERE id = %(id)s FOR SHARE;
 -- The wait is over (answered, timed out or interrupted): stop notifying for it.
 DELETE FROM pgqueue.task_waiters WHERE task_id = %(id)s AND waiter_id = %(waiter)s;
 
+-- name: task_waiter_add_many
+-- task_waiter_add for many waiters at once: the API's waiter hub gathers the requests that
+-- arrive together. The tasks are locked in id order, as every statement that locks many does.
+WITH gone AS (
+    DELETE FROM pgqueue.task_waiters WHERE expires_at < now()
+),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(waiters)s::uuid[], %(seconds)s::float8[])
+                 AS v(id, waiter, seconds)),
+registered AS (
+    INSERT INTO pgqueue.task_waiters (task_id, waiter_id, expires_at)
+    SELECT v.id, v.waiter, now() + v.seconds * interval '1 second' FROM v
+     WHERE EXISTS (SELECT 1 FROM pgqueue.tasks WHERE id = v.id)
+)
+SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR SHARE;
+
+-- name: task_get_many
+-- The waiter hub's reads of the tasks its waiters were woken for, in one statement.
+SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: task_waiter_remove_many
+DELETE FROM pgqueue.task_waiters AS w
+ USING unnest(%(ids)s::uuid[], %(waiters)s::uuid[]) AS v(id, waiter)
+ WHERE w.task_id = v.id AND w.waiter_id = v.waiter;
+
 -- name: task_list
 -- Newest first, with keyset pagination on (created_at, id) so deep pages stay cheap.
 SELECT * FROM pgqueue.tasks

@@ -93,7 +93,7 @@ async def get_task(
         async with state.connection() as conn:
             return TaskOut.of(await aio.get_task(conn, task_id))
     try:
-        task = await state.waiters.wait(parse_task_id(task_id), wait, state.connection)
+        task = await state.waiters.wait(parse_task_id(task_id), wait)
     except WaitTimeout as exc:
         response.headers["Pgqueue-Wait"] = "timeout"
         return TaskOut.of(exc.task)
