@@ -49,8 +49,11 @@ def wait_loop(
     # then never lost on this connection.
     yield Listen(DONE_CHANNEL, task_id)
     try:
-        task = yield from queries.task_waiter_add(task_id, waiter, timeout + REGISTRATION_MARGIN)
         try:
+            # Inside the try: interrupted while registering (a cancelled request), the row may
+            # have been written all the same; removing one that is not there costs nothing.
+            seconds = timeout + REGISTRATION_MARGIN
+            task = yield from queries.task_waiter_add(task_id, waiter, seconds)
             next_poll = clock() + poll_interval
             while not task.status.is_final:
                 now = clock()
