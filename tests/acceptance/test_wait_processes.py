@@ -4,13 +4,15 @@ The library's wait, the HTTP ``?wait=`` and `pgqueue status --wait` each return 
 worker finishes the task: completed, dead-lettered (by the handler's last failure, and by
 the sweep after the worker was killed) or cancelled (cooperatively, while it runs); and a
 wait on a task nobody runs times out. Waits poll once an hour unless said otherwise, so a
-wait that returns was woken by the notification. Nothing asserts a duration.
+wait that returns before its timeout (two minutes; a wait at its deadline reads the task once
+more, taking the whole timeout) was woken by the notification: ``woken_wait`` checks that.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +73,14 @@ def crash(payload, ctx):
 OPTIONS = ("--poll-interval", "0.2", "--sweep-interval", "0.5", "--lease-seconds", "3")
 
 
+def woken_wait(conn: psycopg.Connection[Any], task_id: uuid.UUID) -> pgqueue.Task:
+    """pgqueue.wait without polling, which must return before its deadline."""
+    began = time.monotonic()
+    task = pgqueue.wait(conn, task_id, timeout=LONG, poll_interval=NO_POLL)
+    assert time.monotonic() - began < LONG, "returned only at its deadline"
+    return task
+
+
 @pytest.fixture
 def start_worker(database_url: str, tmp_path: Path) -> Iterator[Any]:
     (tmp_path / "wait_handlers.py").write_text(HANDLERS)
@@ -92,11 +102,11 @@ def test_wait_returns_what_a_real_worker_did_completed_dead_or_cancelled(
 ) -> None:
     worker = start_worker()
     done = pgqueue.enqueue(conn, "double", {"n": 21}).id
-    task = pgqueue.wait(conn, done, timeout=LONG, poll_interval=NO_POLL)
+    task = woken_wait(conn, done)
     assert (task.status, task.result, task.attempts) == (TaskStatus.COMPLETED, 42, 1)
 
     dead = pgqueue.enqueue(conn, "boom", {}).id
-    task = pgqueue.wait(conn, dead, timeout=LONG, poll_interval=NO_POLL)
+    task = woken_wait(conn, dead)
     assert task.status is TaskStatus.FAILED and task.attempts == 1
     assert task.last_error is not None and "RuntimeError: boom" in task.last_error
 
@@ -107,7 +117,7 @@ def test_wait_returns_what_a_real_worker_did_completed_dead_or_cancelled(
         "the task to run",
     )
     pgqueue.cancel(conn, running)
-    task = pgqueue.wait(conn, running, timeout=LONG, poll_interval=NO_POLL)
+    task = woken_wait(conn, running)
     assert task.status is TaskStatus.CANCELLED
     assert worker.alive()
 
@@ -119,7 +129,7 @@ def test_wait_returns_when_the_sweep_dead_letters_the_task_of_a_killed_worker(
     task_id = pgqueue.enqueue(conn, "crash", {}).id
     wait_until(lambda: crasher.proc.poll() is not None, 60, "the worker to die in the handler")
     start_worker("--queue", "elsewhere")  # runs the sweep; claims nothing of 'default'
-    task = pgqueue.wait(conn, task_id, timeout=LONG, poll_interval=NO_POLL)
+    task = woken_wait(conn, task_id)
     assert task.status is TaskStatus.FAILED
     assert task.last_error is not None and "lease expired" in task.last_error
 
@@ -180,9 +190,11 @@ def test_http_wait_returns_when_a_real_worker_completes_the_task(
         port = server.servers[0].sockets[0].getsockname()[1]
         start_worker()
         task_id = pgqueue.enqueue(conn, "double", {"n": 4}).id
+        began = time.monotonic()
         response = httpx.get(
             f"http://127.0.0.1:{port}/api/v1/tasks/{task_id}", params={"wait": 60}, timeout=90
         )
+        assert time.monotonic() - began < 60, "answered only at the end of the wait"
         assert response.status_code == 200, response.text
         assert response.headers["Pgqueue-Wait"] == "finished"
         assert (response.json()["status"], response.json()["result"]) == ("completed", 8)

@@ -1,14 +1,19 @@
 """pgqueue.wait and pgqueue.aio.wait (issue 15, B): the finished task, or WaitTimeout.
 
-Waits in these tests use a poll interval of an hour unless a test is about the poll: a wait
-that returns then was woken by the notification the finishing statement sent, since no poll
-was due. Nothing asserts a duration; a busy machine only makes a test take longer.
+Waits in these tests use a poll interval of an hour unless a test is about the poll, and a
+wait that reaches its deadline reads the task once more before it gives up; so a wait that
+returns before its timeout was woken by the notification the finishing statement sent (the
+only other way out, the deadline, takes the whole timeout by construction). That is what
+``Waiting.join`` checks; the timeout is two minutes, so a busy machine only makes a test take
+longer. ``test_every_path_that_finishes_a_task_notifies_its_waiters`` checks the notification
+itself, path by path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -40,18 +45,24 @@ class Waiting:
     """A wait running in a thread on its own autocommit connection."""
 
     def __init__(self, url: str, task_id: uuid.UUID, **kwargs: Any) -> None:
+        kwargs.setdefault("timeout", LONG)
+        kwargs.setdefault("poll_interval", NO_POLL)
         self.result: Task | None = None
         self.error: BaseException | None = None
+        self.timeout = kwargs["timeout"]
+        self.elapsed: float | None = None
         self._conn = psycopg.connect(url, autocommit=True)
         self._thread = threading.Thread(target=self._run, args=(task_id, kwargs))
         self._thread.start()
 
     def _run(self, task_id: uuid.UUID, kwargs: dict[str, Any]) -> None:
+        began = time.monotonic()
         try:
             self.result = pgqueue.wait(self._conn, task_id, **kwargs)
         except BaseException as exc:
             self.error = exc
         finally:
+            self.elapsed = time.monotonic() - began
             self._conn.close()
 
     def join(self, timeout: float = LONG) -> Task:
@@ -59,7 +70,10 @@ class Waiting:
         assert not self._thread.is_alive(), "the wait did not return"
         if self.error is not None:
             raise self.error
-        assert self.result is not None
+        assert self.result is not None and self.elapsed is not None
+        # Before the deadline: woken (by the notification, or the poll when a test asks for
+        # one), not by the last read at the deadline.
+        assert self.elapsed < self.timeout, f"returned only at its deadline ({self.elapsed} s)"
         return self.result
 
 
@@ -292,6 +306,69 @@ def test_finishing_a_task_nobody_waits_on_sends_no_notification(
     assert len(ids) == 3
 
 
+def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> TaskStatus:
+    """Make ``task_id`` (queued, type 'resize', max_attempts 1) final by ``path``."""
+    if path == "cancel queued":
+        return pgqueue.cancel(conn, task_id).status
+    claimed = claim_one(conn, task_id)
+    if path == "complete":
+        pgqueue.complete_many(conn, [(claimed.lease, "done")])
+    elif path == "last failure":
+        pgqueue.fail(conn, claimed.lease, "RuntimeError: boom")
+    elif path == "handler cancels":
+        pgqueue.cancel_leased(conn, claimed.lease, "no")
+    elif path == "release after cancel asked":
+        pgqueue.cancel(conn, task_id)
+        pgqueue.release(conn, [claimed.lease])
+    elif path == "failure after cancel asked":
+        pgqueue.cancel(conn, task_id)
+        pgqueue.fail(conn, claimed.lease, "RuntimeError: stopped", retry_after=0)
+    elif path == "sweep":
+        pgqueue.sweep_expired(conn, now=datetime.now(UTC) + timedelta(hours=1))
+    return pgqueue.get_task(conn, task_id).status
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "complete",
+        "last failure",
+        "cancel queued",
+        "handler cancels",
+        "release after cancel asked",
+        "failure after cancel asked",
+        "sweep",
+    ],
+)
+def test_every_path_that_finishes_a_task_notifies_its_waiters(
+    conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]], path: str
+) -> None:
+    listener = connect()
+    listener.execute("LISTEN pgqueue_done")
+    task_id = pgqueue.enqueue(conn, "resize", {}, max_attempts=1).id
+    conn.execute(
+        "INSERT INTO pgqueue.task_waiters VALUES (%s, gen_random_uuid(), now() + interval '1 h')",
+        (task_id,),
+    )
+    assert _finish(conn, path, task_id).is_final
+    notes = list(listener.notifies(timeout=30, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [("pgqueue_done", str(task_id))]
+
+
+def test_a_failure_that_will_be_retried_notifies_nobody(
+    conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    listener = connect()
+    listener.execute("LISTEN pgqueue_done")
+    task_id = pgqueue.enqueue(conn, "resize", {}, max_attempts=2).id
+    conn.execute(
+        "INSERT INTO pgqueue.task_waiters VALUES (%s, gen_random_uuid(), now() + interval '1 h')",
+        (task_id,),
+    )
+    pgqueue.fail(conn, claim_one(conn, task_id).lease, "RuntimeError: once")
+    assert list(listener.notifies(timeout=0.5)) == []
+
+
 def test_a_registration_during_a_finish_in_flight_waits_for_it_and_sees_it_final(
     conn: psycopg.Connection[Any],
     connect: Callable[..., psycopg.Connection[Any]],
@@ -362,10 +439,12 @@ def test_async_wait_returns_on_completion_and_times_out_alike(
             )
             while not waiters(conn, task_id):
                 await asyncio.sleep(0.02)
+            began = time.monotonic()
             await asyncio.to_thread(
                 lambda: pgqueue.complete(conn, claim_one(conn, task_id).lease, "done")
             )
-            task = await asyncio.wait_for(waiting, LONG)
+            task = await asyncio.wait_for(waiting, LONG + 30)
+            assert time.monotonic() - began < LONG  # woken, not at its deadline
             assert (task.status, task.result) == (TaskStatus.COMPLETED, "done")
 
     asyncio.run(scenario())

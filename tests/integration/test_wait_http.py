@@ -2,13 +2,16 @@
 PostgreSQL.
 
 The apps here poll once an hour (``wait_poll_seconds``) unless a test says otherwise: an
-answer that comes before its ``wait`` is up was sent on the notification.
+answer that comes before its ``wait`` is up was sent on the notification (a wait that reaches
+its end reads the task once more, so only the time tells the two apart: ``Get.join`` checks
+it, the wait being a minute).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -66,16 +69,21 @@ class Get:
 
     def __init__(self, live: Live, path: str) -> None:
         self.response: httpx.Response | None = None
+        self.elapsed = 0.0
         self._thread = threading.Thread(target=self._run, args=(live.base_url, path))
         self._thread.start()
 
     def _run(self, base_url: str, path: str) -> None:
+        began = time.monotonic()
         with httpx.Client(base_url=base_url, timeout=120) as client:
             self.response = client.get(path)
+        self.elapsed = time.monotonic() - began
 
     def join(self) -> httpx.Response:
+        """The answer, which came before the wait (60 s) was up."""
         self._thread.join(120)
         assert self.response is not None, "no answer"
+        assert self.elapsed < 60, f"answered only at the end of the wait ({self.elapsed} s)"
         return self.response
 
 
@@ -162,6 +170,7 @@ def test_many_waiters_on_one_app_share_one_listening_connection(
             )
 
     answers: list[list[httpx.Response]] = []
+    began = time.monotonic()
     thread = threading.Thread(target=lambda: answers.append(asyncio.run(wait_all())))
     thread.start()
     wait_until(lambda: waiters(conn) == count, 60, f"{count} requests to register")
@@ -171,6 +180,7 @@ def test_many_waiters_on_one_app_share_one_listening_connection(
     claimed = pgqueue.claim(conn, ["default"], limit=count, worker_id="test")
     pgqueue.complete_many(conn, [(c.lease, c.payload) for c in claimed])
     thread.join(120)
+    assert time.monotonic() - began < 60, "answered only at the end of the wait"
     (responses,) = answers
     assert [r.status_code for r in responses] == [200] * count
     assert {r.json()["status"] for r in responses} == {"completed"}
