@@ -34,6 +34,8 @@ from pgqueue.errors import (
     TaskNotFound,
     UnsupportedConnection,
     ValidationError,
+    WaitInTransaction,
+    WaitTimeout,
 )
 from pgqueue.executor import TaskContext
 from pgqueue.models import (
@@ -92,6 +94,7 @@ from pgqueue.operations import (
     sweep_expired,
     throughput,
     throughput_series,
+    wait,
 )
 from pgqueue.registry import Cancel, Retry, TaskRegistry
 from pgqueue.version import __version__
@@ -139,6 +142,8 @@ __all__ = [
     "TaskStatus",
     "UnsupportedConnection",
     "ValidationError",
+    "WaitInTransaction",
+    "WaitTimeout",
     "Worker",
     "WorkerConfig",
     "__version__",
@@ -178,6 +183,7 @@ __all__ = [
     "sweep_expired",
     "throughput",
     "throughput_series",
+    "wait",
 ]
 
 # Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.

@@ -48,3 +48,6 @@ sweep_expired = _ops.sweep_expired.aio
 prune = _ops.prune.aio
 throughput_series = _ops.throughput_series.aio
 recent_failures = _ops.recent_failures.aio
+
+# Waiting for a result (issue 15).
+wait = _ops.wait.aio

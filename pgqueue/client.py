@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -18,6 +19,8 @@ from psycopg_pool import ConnectionPool
 from pgqueue import operations
 from pgqueue.config import redact, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
+from pgqueue.models import Task
+from pgqueue.waiting import DEFAULT_POLL_INTERVAL
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -113,3 +116,19 @@ class Client:
     throughput = _in_transaction(operations.throughput)
     sweep_expired = _in_transaction(operations.sweep_expired)
     prune = _in_transaction(operations.prune)
+
+    # Waiting for a result (issue 15).
+    def wait(
+        self,
+        task_id: uuid.UUID | str,
+        *,
+        timeout: float,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Task:
+        """:func:`pgqueue.wait` on a pooled connection, held for the whole wait (a pool of
+        ``max_connections`` holds as many waits at once): the finished task, or WaitTimeout.
+
+        Not through ``connection()``, whose block is one transaction: a wait must run
+        between transactions, each of its reads in its own."""
+        with self._get_pool().connection() as conn:
+            return operations.wait(conn, task_id, timeout=timeout, poll_interval=poll_interval)

@@ -182,3 +182,42 @@ class IdempotencyConflict(PgQueueError):
         self.original_queue = original_queue
         self.index = index
         self.original_index = original_index
+
+
+# --- waiting for a result (issue 15) -----------------------------------------------------------
+
+
+class WaitTimeout(PgQueueError, TimeoutError):
+    """The task did not finish within the wait's timeout; it goes on as before.
+
+    ``task`` is the task as last read (its status says where it got to: still queued, or
+    running); the message names its id, type and that status.
+    """
+
+    def __init__(self, task: Any, timeout: float) -> None:
+        super().__init__(
+            f"task {task.id} ({task.type}) did not finish within {timeout:g} s; "
+            f"it is still {task.status.value} (attempt {task.attempts} of {task.max_attempts})"
+        )
+        self.task = task
+        self.task_id = task.id
+        self.status = task.status.value
+        self.timeout = timeout
+
+
+class WaitInTransaction(PgQueueError):
+    """``wait`` was called on a connection inside an open transaction.
+
+    It could never succeed: a task enqueued in that transaction is invisible to workers until
+    it commits, and PostgreSQL delivers the notification that wakes a waiter only between
+    transactions. Commit first, or wait on another connection.
+    """
+
+    def __init__(self, task_id: object) -> None:
+        super().__init__(
+            f"cannot wait for task {task_id} on a connection inside an open transaction: a "
+            "task enqueued in it stays invisible to workers until it commits, and the "
+            "notification that ends the wait is only delivered between transactions; commit "
+            "first (or wait on another connection)"
+        )
+        self.task_id = task_id

@@ -43,8 +43,18 @@ from pgqueue.models import (
     TaskStatus,
     ThroughputPoint,
 )
-from pgqueue.queries import HeartbeatResult, Op, TaskSpec, atomic_operation, mapped, operation
+from pgqueue.queries import (
+    HeartbeatResult,
+    Op,
+    TaskSpec,
+    WaitOp,
+    atomic_operation,
+    mapped,
+    operation,
+    waiting_operation,
+)
 from pgqueue.result_encoding import encode_result
+from pgqueue.waiting import DEFAULT_POLL_INTERVAL, wait_loop
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -711,3 +721,36 @@ def _prune(completed_after: float, dead_after: float, limit: int, now: datetime 
     done: int = yield from queries.task_prune(finished, completed_after, limit, now)
     dead: int = yield from queries.task_prune([TaskStatus.FAILED], dead_after, limit, now)
     return done + dead
+
+
+# --- waiting for a result (issue 15) ---------------------------------------------------------
+
+
+@waiting_operation
+def wait(
+    task_id: uuid.UUID | str,
+    *,
+    timeout: float,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+) -> WaitOp[Task]:
+    """Wait until the task is final and return it: completed (read ``.result``), failed
+    (dead-lettered: ``.last_error``) or cancelled. It returns rather than raises for the
+    last two: the caller reads ``.status``, ``.result`` and ``.attempts`` either way.
+
+    Raises WaitTimeout (a TimeoutError, naming the task, its type and its status, with the
+    task as last read in ``.task``) after ``timeout`` seconds; the task goes on. An unknown
+    id is TaskNotFound.
+
+    The connection must not be inside a transaction (WaitInTransaction): commit the one that
+    enqueued the task first, since workers cannot see it before, and notifications arrive
+    only between transactions. An autocommit connection suits best; on another, each read
+    runs in a short transaction of its own. The wait holds the connection throughout.
+
+    It is woken by a notification when the task finishes, not by polling; it also reads the
+    task every ``poll_interval`` seconds, in case a notification was missed.
+    """
+    return wait_loop(
+        parse_task_id(task_id),
+        check_seconds("timeout", timeout),
+        check_seconds("poll_interval", poll_interval),
+    )

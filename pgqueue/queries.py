@@ -250,18 +250,27 @@ def atomic_operation(build: Callable[P, Op[T]]) -> Operation[P, T]:
     return _bind(build, atomic=True)
 
 
-def _bind(build: Callable[P, Op[T]], *, atomic: bool) -> Operation[P, T]:
+def _bind(
+    build: Callable[P, Any],
+    *,
+    atomic: bool,
+    sync_driver: Callable[..., Any] | None = None,
+    async_driver: Callable[..., Any] | None = None,
+) -> Operation[P, T]:
+    drive = sync_driver or functools.partial(run, atomic=atomic)
+    adrive = async_driver or functools.partial(arun, atomic=atomic)
+
     def call(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return run(conn, build(*args, **kwargs), atomic=atomic)
+        return drive(conn, build(*args, **kwargs))  # type: ignore[no-any-return]
 
     async def acall(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await arun(conn, build(*args, **kwargs), atomic=atomic)
+        return await adrive(conn, build(*args, **kwargs))
 
     def call_plain(conn: Any) -> T:
-        return run(conn, build(), atomic=atomic)  # type: ignore[call-arg]
+        return drive(conn, build())  # type: ignore[call-arg,no-any-return]
 
     async def acall_plain(conn: Any) -> T:
-        return await arun(conn, build(), atomic=atomic)  # type: ignore[call-arg]
+        return await adrive(conn, build())  # type: ignore[call-arg]
 
     # An operation of the connection alone takes it by keyword too, as it always has.
     plain = not inspect.signature(build).parameters
@@ -284,8 +293,9 @@ def _bound_signature(build: Callable[..., Any], plain: bool) -> inspect.Signatur
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if plain else inspect.Parameter.POSITIONAL_ONLY
     conn = inspect.Parameter("conn", kind, annotation="Any")
     returns = sig.return_annotation
-    if isinstance(returns, str) and returns.startswith("Op[") and returns.endswith("]"):
-        returns = returns[3:-1]
+    for prefix in ("Op[", "WaitOp["):
+        if isinstance(returns, str) and returns.startswith(prefix) and returns.endswith("]"):
+            returns = returns[len(prefix) : -1]
     return sig.replace(parameters=[conn, *sig.parameters.values()], return_annotation=returns)
 
 
@@ -1303,3 +1313,174 @@ def task_failures(limit: int) -> Op[list[Failure]]:
         )
         for r in rows
     ]
+
+
+# --- waiting for a result (issue 15) ---------------------------------------------------------
+#
+# A wait blocks on notifications, which a plain op cannot ask for: its loop (pgqueue.waiting)
+# yields two more kinds of step besides queries, and run_waiting / arun_waiting drive it on
+# the caller's connection (the API's waiter hub drives the same loop on its own way).
+
+DONE_CHANNEL = "pgqueue_done"
+
+
+@dataclasses.dataclass(frozen=True)
+class Listen:
+    """Start (or, ``listen=False``, stop) listening on ``channel`` for the wait of
+    ``task_id``, which the refusal to wait inside a transaction names."""
+
+    channel: str
+    task_id: uuid.UUID
+    listen: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AwaitNotify:
+    """Sleep until a notification on ``channel`` arrives or ``seconds`` pass. The driver
+    sends back the payloads received: empty when the time ran out."""
+
+    channel: str
+    seconds: float
+
+
+WaitStep = Query | Copy | Listen | AwaitNotify
+WaitOp = Generator[WaitStep, Any, T]
+
+
+def waiting_operation(build: Callable[P, WaitOp[T]]) -> Operation[P, T]:
+    """As :func:`operation`, for a wait loop: bound to :func:`run_waiting` and
+    :func:`arun_waiting` instead."""
+    return _bind(build, atomic=False, sync_driver=run_waiting, async_driver=arun_waiting)
+
+
+def _listen_sql(step: Listen) -> psycopg.sql.Composed:
+    verb = "LISTEN" if step.listen else "UNLISTEN"
+    return psycopg.sql.SQL(verb + " {}").format(psycopg.sql.Identifier(step.channel))
+
+
+def _check_idle(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], step: Listen) -> None:
+    # Inside a transaction a wait cannot end: what it enqueued there is invisible to workers,
+    # and notifications are only delivered between transactions.
+    if step.listen and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        from pgqueue.errors import WaitInTransaction
+
+        raise WaitInTransaction(step.task_id)
+
+
+def run_waiting(conn: Any, op: WaitOp[T]) -> T:
+    """Drive a wait loop on a sync connection that is not inside a transaction. Each query
+    runs in a transaction of its own (its own statement on an autocommit connection), so
+    notifications reach the connection between them; the caller's transaction is not
+    touched, as there is none."""
+    raw = db.sync_connection(conn)
+    sql = statements()
+    try:
+        step = next(op)
+        while True:
+            try:
+                reply = _wait_step(raw, sql, step)
+            except BaseException as exc:  # see _drive
+                step = op.throw(_translated(exc))
+            else:
+                step = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _wait_step(raw: psycopg.Connection[Any], sql: Mapping[str, str], step: WaitStep) -> Any:
+    if isinstance(step, AwaitNotify):
+        return [
+            n.payload
+            for n in raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+            if n.channel == step.channel
+        ]
+    if isinstance(step, Listen):
+        _check_idle(raw, step)
+    if raw.autocommit:
+        return _wait_query(raw, sql, step)
+    with raw.transaction():
+        return _wait_query(raw, sql, step)
+
+
+def _wait_query(
+    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
+) -> list[Row]:
+    if isinstance(step, Listen):
+        raw.execute(_listen_sql(step))
+        return []
+    return _execute(raw, sql, step)
+
+
+async def arun_waiting(conn: Any, op: WaitOp[T]) -> T:
+    """Drive a wait loop on an async connection; as :func:`run_waiting`."""
+    raw = await db.async_connection(conn)
+    sql = statements()
+    try:
+        step = next(op)
+        while True:
+            try:
+                reply = await _await_step(raw, sql, step)
+            except BaseException as exc:  # cancellation too: see _drive
+                step = op.throw(_translated(exc))
+            else:
+                step = op.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def _await_step(
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: WaitStep
+) -> Any:
+    if isinstance(step, AwaitNotify):
+        notifies = raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+        return [n.payload async for n in notifies if n.channel == step.channel]
+    if isinstance(step, Listen):
+        _check_idle(raw, step)
+    if raw.autocommit:
+        return await _await_query(raw, sql, step)
+    async with raw.transaction():
+        return await _await_query(raw, sql, step)
+
+
+async def _await_query(
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
+) -> list[Row]:
+    if isinstance(step, Listen):
+        await raw.execute(_listen_sql(step))
+        return []
+    return await _aexecute(raw, sql, step)
+
+
+def task_waiter_add(task_id: uuid.UUID, waiter: uuid.UUID, seconds: float) -> Op[Task]:
+    """Register ``waiter`` for ``seconds`` and read the task (TaskNotFound if there is none)."""
+    rows = yield Query("task_waiter_add", {"id": task_id, "waiter": waiter, "seconds": seconds})
+    if not rows:
+        raise TaskNotFound(task_id)
+    return Task.from_row(rows[0])
+
+
+def task_waiter_remove(task_id: uuid.UUID, waiter: uuid.UUID) -> Op[None]:
+    yield Query("task_waiter_remove", {"id": task_id, "waiter": waiter})
+
+
+# The API's waiter hub runs many waits' reads as one statement each (api/waiters.py): the
+# rows of each task, by id (a task missing has none).
+
+
+def task_waiter_add_many(
+    waits: Sequence[tuple[uuid.UUID, uuid.UUID, float]],
+) -> Op[dict[uuid.UUID, list[Row]]]:
+    """Register (task id, waiter, seconds) each and read their tasks."""
+    ids, waiters, seconds = (list(column) for column in zip(*waits, strict=True))
+    rows = yield Query("task_waiter_add_many", {"ids": ids, "waiters": waiters, "seconds": seconds})
+    return {row["id"]: [row] for row in rows}
+
+
+def task_get_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[Row]]]:
+    rows = yield Query("task_get_many", {"ids": list(ids)})
+    return {row["id"]: [row] for row in rows}
+
+
+def task_waiter_remove_many(waits: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[None]:
+    ids, waiters = (list(column) for column in zip(*waits, strict=True))
+    yield Query("task_waiter_remove_many", {"ids": ids, "waiters": waiters})

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pgqueue.api.schemas import ErrorOut, FieldError
+from pgqueue.api.waiters import TooManyWaiters
 from pgqueue.errors import (
     DatabaseUnavailable,
     InvalidTaskState,
@@ -111,4 +112,8 @@ async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
         return error(503, "schema_not_ready", str(exc))
     if isinstance(exc, DatabaseUnavailable):
         return error(503, "unavailable", str(exc))
+    if isinstance(exc, TooManyWaiters):  # ?wait= beyond PGQUEUE_API_MAX_WAITERS
+        response = error(503, "too_many_waiters", str(exc))
+        response.headers["Retry-After"] = "1"
+        return response
     return error(500, "internal_error", "unexpected error")

@@ -21,6 +21,12 @@ ENV_MAX_BODY = "PGQUEUE_API_MAX_BODY_BYTES"
 # escapes) against the compact encoding the payload limit measures. Without it a payload of
 # exactly PGQUEUE_MAX_PAYLOAD_BYTES could never be submitted over HTTP.
 ENVELOPE_BYTES = 64 * 1024
+# Waiting for a result (GET /api/v1/tasks/{id}?wait=): at most this many requests waiting at
+# once per API process, and how often each reads its task in case a notification was missed.
+ENV_MAX_WAITERS = "PGQUEUE_API_MAX_WAITERS"
+DEFAULT_MAX_WAITERS = 10_000
+ENV_WAIT_POLL = "PGQUEUE_API_WAIT_POLL_SECONDS"
+DEFAULT_WAIT_POLL = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +39,8 @@ class ApiSettings:
     # None: the payload limit (PGQUEUE_MAX_PAYLOAD_BYTES) plus ENVELOPE_BYTES; see body_limit.
     max_body_bytes: int | None = None
     pool_size: int = 10
+    max_waiters: int = DEFAULT_MAX_WAITERS
+    wait_poll_seconds: float = DEFAULT_WAIT_POLL
 
     def body_limit(self) -> int:
         """The most bytes a request body may have: ``max_body_bytes`` when set, else the
@@ -65,4 +73,30 @@ class ApiSettings:
             raise ConfigurationError(f"{ENV_MAX_BODY} must be an integer, not {raw!r}") from None
         if max_body < 1024:
             raise ConfigurationError(f"{ENV_MAX_BODY} must be at least 1024, not {max_body}")
-        return cls(tokens=frozenset(tokens), max_body_bytes=max_body)
+        max_waiters, wait_poll = _wait_settings()
+        return cls(
+            tokens=frozenset(tokens),
+            max_body_bytes=max_body,
+            max_waiters=max_waiters,
+            wait_poll_seconds=wait_poll,
+        )
+
+
+def _wait_settings() -> tuple[int, float]:
+    """``PGQUEUE_API_MAX_WAITERS`` (an integer, at least 1) and
+    ``PGQUEUE_API_WAIT_POLL_SECONDS`` (seconds, more than 0)."""
+    raw = os.environ.get(ENV_MAX_WAITERS, "").strip()
+    try:
+        max_waiters = int(raw) if raw else DEFAULT_MAX_WAITERS
+    except ValueError:
+        raise ConfigurationError(f"{ENV_MAX_WAITERS} must be an integer, not {raw!r}") from None
+    if max_waiters < 1:
+        raise ConfigurationError(f"{ENV_MAX_WAITERS} must be at least 1, not {max_waiters}")
+    raw = os.environ.get(ENV_WAIT_POLL, "").strip()
+    try:
+        poll = float(raw) if raw else DEFAULT_WAIT_POLL
+    except ValueError:
+        raise ConfigurationError(f"{ENV_WAIT_POLL} must be seconds, not {raw!r}") from None
+    if not 0 < poll < float("inf"):
+        raise ConfigurationError(f"{ENV_WAIT_POLL} must be more than 0 seconds, not {raw!r}")
+    return max_waiters, poll

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pgqueue import queries
 from pgqueue.api.metrics import ApiMetrics
 from pgqueue.api.settings import ApiSettings
+from pgqueue.api.waiters import WaiterHub
 from pgqueue.config import resolve_database_url
 from pgqueue.errors import DatabaseUnavailable, SchemaNotReady
 
@@ -30,6 +31,12 @@ class ApiState:
         self.schema_ok = False  # the schema was seen at head (see check_schema)
         self._opening = asyncio.Lock()
         self.metrics = ApiMetrics()
+        # Requests waiting for a result share one LISTEN connection (api/waiters.py).
+        self.waiters = WaiterHub(
+            max_waiters=settings.max_waiters,
+            poll_interval=settings.wait_poll_seconds,
+            connection=self.connection,
+        )
 
     async def open(self) -> None:
         """Resolve the URL (maybe starting the embedded server) and open the pool, once.
@@ -57,8 +64,10 @@ class ApiState:
             )
             await pool.open(wait=False)
             self.pool = pool
+            self.waiters.start(url)
 
     async def close(self) -> None:
+        await self.waiters.stop()
         if self.pool is not None:
             await self.pool.close()
             self.pool = None

@@ -1,8 +1,9 @@
 """Errors as the command line reports them: one line on stderr and an exit code.
 
-Usage errors (bad arguments, values the library rejects) exit with 2, every other error with
-1, an interrupt with 130; ``--debug`` shows the traceback instead of the line. Commands only
-raise; deciding the line and the code here keeps every command's failures alike.
+Usage errors (bad arguments, values the library rejects) exit with 2, a wait that ran out
+(``status --wait``) with 3, every other error with 1, an interrupt with 130; ``--debug``
+shows the traceback instead of the line. Commands only raise; deciding the line and the code
+here keeps every command's failures alike.
 
 Under ``--json`` the line is a JSON document instead, on stderr too (stdout is where a
 program reads answers, and a failed command has none), with the same exit code::
@@ -13,8 +14,8 @@ program reads answers, and a failed command has none), with the same exit code::
 ``error`` is the kind, spelled as the HTTP API spells it where both can fail alike
 (``invalid_request``, ``not_found``, ``conflict``, ``idempotency_conflict``, ``unavailable``,
 ``schema_not_ready``), plus ``usage`` (an option or argument as typed: ``field`` is then its
-name, ``--payload``), ``configuration``, ``aborted``, ``interrupted``, ``error`` and
-``internal_error``;
+name, ``--payload``), ``configuration``, ``aborted``, ``interrupted``, ``timeout`` (exit code
+3), ``error`` and ``internal_error``;
 ``field`` is there when one value is at fault, ``task_id`` and ``status`` when one task is;
 ``idempotency_conflict`` (``enqueue --key-reuse refuse``, exit code 1) gives the original's
 ``task_id``, the ``idempotency_key`` and the ``differing_fields``.
@@ -40,7 +41,12 @@ from pgqueue.errors import (
     SchemaNotReady,
     TaskNotFound,
     ValidationError,
+    WaitTimeout,
 )
+
+# `pgqueue status ID --wait SECONDS` when the task did not finish in time: neither a usage
+# error (2) nor a failure (1), so that a script can tell "not yet" from "went wrong".
+EXIT_WAIT_TIMEOUT = 3
 
 
 class UsageProblem(typer.BadParameter):
@@ -143,6 +149,8 @@ def exit_reporting_errors(run: Callable[[], object]) -> NoReturn:
         if state.debug:
             raise
         _fail(str(exc), 2, "invalid_request", field=exc.field)
+    except WaitTimeout as exc:
+        _fail(str(exc), EXIT_WAIT_TIMEOUT, "timeout", task_id=str(exc.task_id), status=exc.status)
     except PgQueueError as exc:
         if state.debug:
             raise

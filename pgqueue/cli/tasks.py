@@ -10,12 +10,12 @@ import typer
 
 from pgqueue import operations as ops
 from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
-from pgqueue.cli.database import connection
+from pgqueue.cli.database import connection, open_client
 from pgqueue.cli.errors import UsageProblem
 from pgqueue.cli.output import emit, error_lines, more_hint
 from pgqueue.cli.parsing import parse_count, parse_payload, parse_time
 from pgqueue.config import DEFAULT_QUEUE
-from pgqueue.errors import ValidationError
+from pgqueue.errors import ValidationError, WaitTimeout
 from pgqueue.formatting import MISSING, key_values, table, timestamp
 from pgqueue.models import KeyReuse, Priority, Task, TaskStatus
 
@@ -221,10 +221,35 @@ def enqueue(
 
 
 @commands.command()
-def status(task_id: TaskIdArg) -> None:
+def status(
+    task_id: TaskIdArg,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            metavar="SECONDS",
+            help="Wait up to this long for the task to finish (completed, failed or cancelled) "
+            "and show it then; if it has not, show it as it is and exit with code 3.",
+        ),
+    ] = None,
+) -> None:
     """Show one task: status, attempts, result, last error and timestamps."""
-    with connection() as conn:
-        task = ops.get_task(conn, task_id)
+    if wait is None:
+        with connection() as conn:
+            task = ops.get_task(conn, task_id)
+        emit(task.to_dict(), describe(task))
+        return
+    try:
+        seconds = ops.check_seconds("wait", wait)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.reason, param_hint="'--wait'") from None
+    with open_client() as client:
+        try:
+            task = client.wait(task_id, timeout=seconds)
+        except WaitTimeout as exc:
+            # The task as it is on stdout; the timeout on stderr, with exit code 3 (cli/errors).
+            emit(exc.task.to_dict(), describe(exc.task))
+            raise
     emit(task.to_dict(), describe(task))
 
 

@@ -49,6 +49,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.lease_starts TO :"app_role
 -- enqueued before the declaration. Not DELETE.
 GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.task_types TO :"app_role";
 
+-- Waiters on a task's result (pgqueue.wait, GET /api/v1/tasks/{id}?wait=). INSERT and DELETE:
+-- a waiter registers for as long as it waits, and removes its row (or an expired one of a
+-- waiter that died). SELECT: every statement that finishes tasks looks for their waiters.
+GRANT SELECT, INSERT, DELETE ON TABLE pgqueue.task_waiters TO :"app_role";
+
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
 -- read all three.
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,
@@ -64,6 +69,9 @@ GRANT SELECT ON TABLE pgqueue.pgqueue_alembic_version TO :"app_role";
 GRANT EXECUTE ON FUNCTION pgqueue.retry_delay(integer, real, real, real),
                           pgqueue.priority_name(smallint)
     TO :"app_role";
+
+-- Every statement that makes tasks final wakes their waiters through task_waiters_wake.
+GRANT EXECUTE ON FUNCTION pgqueue.task_waiters_wake(uuid[]) TO :"app_role";
 
 -- Hand the role's name to the DO block below (psql substitutes nothing inside $$ quotes).
 SELECT set_config('pgqueue.app_role', :'app_role', false);

@@ -144,6 +144,51 @@ SELECT t.*, t.payload = v.payload::jsonb AS same_payload, v.n
 -- savepoint would too but at two round trips on every batch, refused or not.
 DELETE FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
 
+-- name: task_waiter_add
+-- Wait for a task's result (pgqueue.wait): register, so that the statement finishing the task
+-- notifies 'pgqueue_done' (task_waiters_wake), and read the task in the same statement. FOR
+-- SHARE closes the race with a finish in flight: an UPDATE already holding the row makes this
+-- wait for its commit and read the final row; one that comes later waits for this commit,
+-- and its wake-up then sees the registration. Rows of waiters that died (expired) go here too.
+WITH gone AS (
+    DELETE FROM pgqueue.task_waiters WHERE expires_at < now()
+),
+registered AS (
+    -- Nothing to wait for (TaskNotFound) registers nothing.
+    INSERT INTO pgqueue.task_waiters (task_id, waiter_id, expires_at)
+    SELECT %(id)s, %(waiter)s, now() + %(seconds)s * interval '1 second'
+     WHERE EXISTS (SELECT 1 FROM pgqueue.tasks WHERE id = %(id)s)
+)
+SELECT * FROM pgqueue.tasks WHERE id = %(id)s FOR SHARE;
+
+-- name: task_waiter_remove
+-- The wait is over (answered, timed out or interrupted): stop notifying for it.
+DELETE FROM pgqueue.task_waiters WHERE task_id = %(id)s AND waiter_id = %(waiter)s;
+
+-- name: task_waiter_add_many
+-- task_waiter_add for many waiters at once: the API's waiter hub gathers the requests that
+-- arrive together. The tasks are locked in id order, as every statement that locks many does.
+WITH gone AS (
+    DELETE FROM pgqueue.task_waiters WHERE expires_at < now()
+),
+v AS (SELECT * FROM unnest(%(ids)s::uuid[], %(waiters)s::uuid[], %(seconds)s::float8[])
+                 AS v(id, waiter, seconds)),
+registered AS (
+    INSERT INTO pgqueue.task_waiters (task_id, waiter_id, expires_at)
+    SELECT v.id, v.waiter, now() + v.seconds * interval '1 second' FROM v
+     WHERE EXISTS (SELECT 1 FROM pgqueue.tasks WHERE id = v.id)
+)
+SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR SHARE;
+
+-- name: task_get_many
+-- The waiter hub's reads of the tasks its waiters were woken for, in one statement.
+SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: task_waiter_remove_many
+DELETE FROM pgqueue.task_waiters AS w
+ USING unnest(%(ids)s::uuid[], %(waiters)s::uuid[]) AS v(id, waiter)
+ WHERE w.task_id = v.id AND w.waiter_id = v.waiter;
+
 -- name: task_list
 -- Newest first, with keyset pagination on (created_at, id) so deep pages stay cheap.
 SELECT * FROM pgqueue.tasks
@@ -466,13 +511,20 @@ locked AS MATERIALIZED (
             LIMIT 1
               FOR UPDATE
            ) AS t
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = 'completed', result = v.result::jsonb, finished_at = clock.now,
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id;
+RETURNING t.id
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_fail
 -- A failed attempt: queued again after a backoff, or dead-lettered when attempts are spent.
@@ -497,7 +549,8 @@ decision AS (
                      WHEN %(dead)s::boolean OR t.attempts >= p.max_attempts THEN 'failed'
                      ELSE 'queued' END AS next_status
       FROM policy AS p JOIN pgqueue.tasks AS t USING (id)
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = p.next_status,
        visible_after = CASE WHEN p.next_status <> 'queued' THEN t.visible_after
@@ -513,17 +566,30 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, decision AS p
  WHERE t.id = p.id AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id, t.status, t.attempts, t.visible_after;
+RETURNING t.id, t.status, t.attempts, t.visible_after
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_cancel_leased
 -- A handler asked to cancel its own task: final, no retry.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = 'cancelled', finished_at = clock.now, last_error = left(%(reason)s, 8000),
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock
  WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id;
+RETURNING t.id
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_snooze
 -- A handler raised Snooze(after=...) (issue 15): back to queued, visible `after` seconds
@@ -585,7 +651,8 @@ locked AS MATERIALIZED (
             LIMIT 1
               FOR UPDATE
            ) AS t
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
        finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
@@ -594,7 +661,13 @@ UPDATE pgqueue.tasks AS t
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id, t.queue, t.status;
+RETURNING t.id, t.queue, t.status
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
@@ -621,7 +694,8 @@ expired AS (
                 WHEN attempts >= max_attempts THEN 'failed'
                 ELSE 'queued' END AS next_status
       FROM lost
-)
+),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = e.next_status,
        attempts = CASE WHEN e.never_started THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
@@ -639,7 +713,13 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM expired AS e, clock
  WHERE t.id = e.id
-RETURNING t.id, t.status, t.type, t.attempts;
+RETURNING t.id, t.status, t.type, t.attempts
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_expire
 -- Waiting tasks whose expiry passed before any attempt was spent (issue 15) end cancelled,
@@ -655,12 +735,17 @@ due AS (
      ORDER BY expires_at
      LIMIT %(limit)s
        FOR UPDATE OF tasks SKIP LOCKED
-)
-UPDATE pgqueue.tasks AS t
-   SET status = 'cancelled', finished_at = clock.now, last_error = 'expired'
-  FROM due, clock
- WHERE t.id = due.id
-RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at;
+),
+expired AS (
+    UPDATE pgqueue.tasks AS t
+       SET status = 'cancelled', finished_at = clock.now, last_error = 'expired'
+      FROM due, clock
+     WHERE t.id = due.id
+    RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at
+),
+-- Wake whoever waits on them (see task_waiter_add): an expiry is a final status too.
+woken AS MATERIALIZED (SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM expired)
+SELECT e.* FROM expired AS e, woken;
 
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
@@ -670,7 +755,8 @@ RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at;
 -- within milliseconds instead of at its next heartbeat (a third of the lease later). The
 -- heartbeat still reads the flag: a notification lost while the listener reconnects is only
 -- late, never missed.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+finished AS (
 UPDATE pgqueue.tasks AS t
    SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
        finished_at = CASE WHEN t.status = 'queued' THEN clock.now ELSE t.finished_at END,
@@ -680,7 +766,13 @@ UPDATE pgqueue.tasks AS t
 RETURNING t.*,
           CASE WHEN t.status = 'running'
                THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
-              AS cancel_notified;
+              AS cancel_notified
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+)
+SELECT f.* FROM finished AS f, woken;
 
 -- name: task_replay
 -- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:

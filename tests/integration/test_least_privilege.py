@@ -191,6 +191,9 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("task_types", "SELECT"),
         ("task_types", "INSERT"),
         ("task_types", "UPDATE"),
+        ("task_waiters", "SELECT"),
+        ("task_waiters", "INSERT"),
+        ("task_waiters", "DELETE"),
         ("queue_depth", "SELECT"),
         ("dead_letters", "SELECT"),
         ("running_tasks", "SELECT"),
@@ -198,6 +201,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("pgqueue_alembic_version", "SELECT"),
         ("retry_delay", "EXECUTE"),
         ("priority_name", "EXECUTE"),
+        ("task_waiters_wake", "EXECUTE"),
     }
     if version >= 170000:
         expected.add(("tasks", "MAINTAIN"))

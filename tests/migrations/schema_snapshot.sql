@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0008_snooze_expiry
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0009_task_waiters
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -80,6 +80,15 @@ ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_backoff_check CHECK (((
 ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_max_attempts_check CHECK ((max_attempts >= 1));
 ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_pkey PRIMARY KEY (type);
 CREATE UNIQUE INDEX task_types_pkey ON pgqueue.task_types USING btree (type);
+
+CREATE TABLE pgqueue.task_waiters (
+    task_id uuid NOT NULL,
+    waiter_id uuid NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+ALTER TABLE pgqueue.task_waiters ADD CONSTRAINT task_waiters_pkey PRIMARY KEY (task_id, waiter_id);
+CREATE INDEX task_waiters_expires_idx ON pgqueue.task_waiters USING btree (expires_at);
+CREATE UNIQUE INDEX task_waiters_pkey ON pgqueue.task_waiters USING btree (task_id, waiter_id);
 
 CREATE TABLE pgqueue.tasks (
     id uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -250,3 +259,20 @@ CREATE OR REPLACE FUNCTION pgqueue.retry_delay(attempts integer, base real, fact
  LANGUAGE sql
  PARALLEL SAFE
 RETURN (LEAST((cap)::double precision, ((base)::double precision * power((factor)::double precision, (GREATEST((attempts - 1), 0))::double precision))) * ((1.0)::double precision - (random() * (0.5)::double precision)));
+
+CREATE OR REPLACE FUNCTION pgqueue.task_waiters_wake(ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+    DECLARE
+        woken integer;
+    BEGIN
+        IF ids IS NULL THEN
+            RETURN 0;
+        END IF;
+        SELECT count(pg_notify('pgqueue_done', w.task_id::text)) INTO woken
+          FROM (SELECT DISTINCT task_id FROM pgqueue.task_waiters
+                 WHERE task_id = ANY(ids)) AS w;
+        RETURN woken;
+    END
+    $function$;

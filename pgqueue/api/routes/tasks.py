@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from pgqueue import aio, tracing
@@ -24,8 +24,9 @@ from pgqueue.api.schemas import (
     TaskPage,
 )
 from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH
-from pgqueue.errors import IdempotencyConflict, ValidationError
+from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
 from pgqueue.models import TaskStatus
+from pgqueue.operations import parse_task_id
 
 router = APIRouter(prefix=V1)
 
@@ -116,11 +117,37 @@ async def submit(
     return SubmitOut.of(result.task)
 
 
+MAX_WAIT_SECONDS = 60  # a request held longer is more often cut by a proxy than answered
+
+
 @router.get("/tasks/{task_id}", response_model=TaskOut, responses=responses(404, *COMMON))
-async def get_task(task_id: str, state: AppState) -> TaskOut:
-    """A task's status, result, attempts, last error and timestamps."""
-    async with state.connection() as conn:
-        return TaskOut.of(await aio.get_task(conn, task_id))
+async def get_task(
+    task_id: str,
+    state: AppState,
+    response: Response,
+    wait: Annotated[
+        float | None,
+        Query(
+            gt=0,
+            le=MAX_WAIT_SECONDS,
+            description="Seconds to wait for the task to finish (at most 60): the answer "
+            "comes as soon as it is completed, failed or cancelled, or after this long with "
+            "the task as it is then. `Pgqueue-Wait` says which: `finished` or `timeout`.",
+        ),
+    ] = None,
+) -> TaskOut:
+    """A task's status, result, attempts, last error and timestamps; with ``?wait=``, once it
+    has finished (or the wait is up: the status is then still queued or running)."""
+    if wait is None:
+        async with state.connection() as conn:
+            return TaskOut.of(await aio.get_task(conn, task_id))
+    try:
+        task = await state.waiters.wait(parse_task_id(task_id), wait)
+    except WaitTimeout as exc:
+        response.headers["Pgqueue-Wait"] = "timeout"
+        return TaskOut.of(exc.task)
+    response.headers["Pgqueue-Wait"] = "finished"
+    return TaskOut.of(task)
 
 
 @router.delete(
