@@ -19,6 +19,7 @@ from pgqueue.enqueue import prepare
 from pgqueue.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    InvalidArgument,
     InvalidDatabaseURL,
     InvalidPayload,
     InvalidPriority,
@@ -33,6 +34,8 @@ from pgqueue.errors import (
     ValidationError,
 )
 from pgqueue.executor import TaskContext
+from pgqueue.function_tasks import TaskFunction
+from pgqueue.handle import TaskHandle
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
@@ -56,6 +59,7 @@ from pgqueue.operations import (
     backlog,
     cancel,
     cancel_leased,
+    check_arguments,
     claim,
     clear_limit,
     complete,
@@ -102,6 +106,7 @@ __all__ = [
     "EnqueueResult",
     "FailOutcome",
     "FailResult",
+    "InvalidArgument",
     "InvalidDatabaseURL",
     "InvalidPayload",
     "InvalidPriority",
@@ -126,6 +131,8 @@ __all__ = [
     "SweepResult",
     "Task",
     "TaskContext",
+    "TaskFunction",
+    "TaskHandle",
     "TaskNotFound",
     "TaskRegistry",
     "TaskStatus",
@@ -137,6 +144,7 @@ __all__ = [
     "backlog",
     "cancel",
     "cancel_leased",
+    "check_arguments",
     "claim",
     "clear_limit",
     "complete",

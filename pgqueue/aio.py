@@ -46,3 +46,5 @@ sweep_expired = _ops.sweep_expired.aio
 prune = _ops.prune.aio
 throughput_series = _ops.throughput_series.aio
 recent_failures = _ops.recent_failures.aio
+# Function tasks (issue 15).
+check_arguments = _ops.check_arguments.aio
