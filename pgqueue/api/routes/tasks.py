@@ -49,6 +49,9 @@ async def submit(
     # request span already does), so its trace reaches the worker that runs the task.
     with tracing.remote_parent(request.headers):
         async with state.connection() as conn:
+            # A function task's payload is its arguments: checked against the parameters its
+            # workers recorded (422 naming the argument) before anything is written.
+            await aio.check_arguments(conn, body.type, body.payload)
             result = await aio.enqueue(
                 conn,
                 body.type,
@@ -60,7 +63,8 @@ async def submit(
                 delay=body.delay_seconds,
                 max_attempts=body.max_attempts,
             )
-    state.metrics.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
+    submitted = result.task.queue  # the declared queue when the body gave none
+    state.metrics.submitted.labels(submitted, "created" if result.created else "replayed").inc()
     if not result.created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
