@@ -89,6 +89,10 @@ class TaskFunction(Generic[P, R]):
         self.timeout = timeout
         self._options = declared.merged(call_options) if call_options else declared
         self.is_async = inspect.iscoroutinefunction(fn)
+        # The parameters a positional argument can bind to, in order (not keyword-only ones).
+        self._positional = [
+            p["name"] for p in parameters.description["parameters"] if p["kind"] != "keyword"
+        ]
         self.__name__ = getattr(fn, "__name__", type)
         self.__qualname__ = getattr(fn, "__qualname__", type)
         self.__module__ = getattr(fn, "__module__", __name__)
@@ -139,13 +143,13 @@ class TaskFunction(Generic[P, R]):
     def arguments(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The call's arguments by parameter name (the payload), checked; raises
         InvalidArgument naming the argument."""
-        order = self.parameters.order
-        positional = [n for n in order if n not in self._keyword_only]
+        positional = self._positional
         if len(args) > len(positional):
+            n = len(positional)
             raise InvalidArgument(
                 "*args",
-                f"{self.type} takes {len(positional)} positional arguments but {len(args)} "
-                "were given",
+                f"{self.type} takes {n} positional argument{'' if n == 1 else 's'} but "
+                f"{len(args)} were given",
             )
         out = dict(zip(positional, args, strict=False))
         for name, value in kwargs.items():
@@ -158,12 +162,6 @@ class TaskFunction(Generic[P, R]):
             out[name] = value
         check_arguments(self.parameters.description, out)
         return out
-
-    @property
-    def _keyword_only(self) -> frozenset[str]:
-        return frozenset(
-            p["name"] for p in self.parameters.description["parameters"] if p["kind"] == "keyword"
-        )
 
     def _spec(self, payload: Mapping[str, Any], max_payload_bytes: int | None = None) -> TaskSpec:
         o = self._options

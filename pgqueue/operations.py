@@ -210,10 +210,12 @@ def enqueue(
 ) -> Op[EnqueueResult]:
     """Submit one task in the caller's transaction.
 
-    Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
-    ``idempotency_key``, ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``,
-    ``retry`` (a RetryPolicy). With an idempotency key that was already used, nothing is
-    inserted and the original task comes back with ``created=False``.
+    Options: ``priority`` ('high', 'normal', 'low'), ``queue``, ``idempotency_key``,
+    ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``, ``retry`` (a
+    RetryPolicy). Left out (or None), the priority, queue and retry policy are the type's
+    declaration (recorded by workers at start), else 'normal', 'default' and 3 attempts. With
+    an idempotency key that was already used, nothing is inserted and the original task
+    comes back with ``created=False``.
     """
     now = options.pop("now", None)
     return _insert(prepare(type, payload, **options), now)

@@ -130,7 +130,7 @@ def test_enqueue_takes_a_sqlalchemy_session_and_its_rollback(database_url, conn)
         (("x",), {}, "payload: argument 'order_id' must be integer, not string"),
         ((1,), {"resend": "yes"}, "payload: argument 'resend' must be boolean, not string"),
         ((True,), {}, "payload: argument 'order_id' must be integer, not boolean"),
-        ((1, 2), {}, "payload: send_receipt takes 1 positional arguments but 2 were given"),
+        ((1, 2), {}, "payload: send_receipt takes 1 positional argument but 2 were given"),
         ((1,), {"order_id": 1}, "payload: argument 'order_id' is given twice"),
         ((float("nan"),), {}, "payload: argument 'order_id': nan is not JSON"),
     ],
