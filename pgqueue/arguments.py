@@ -26,7 +26,6 @@ from typing import Any
 
 from pgqueue.errors import InvalidArgument, ValidationError
 
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _KINDS = {
     inspect.Parameter.POSITIONAL_ONLY: "positional",
     inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional_or_keyword",
