@@ -20,6 +20,7 @@ from pgqueue.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     IdempotencyConflict,
+    InvalidArgument,
     InvalidDatabaseURL,
     InvalidPayload,
     InvalidPriority,
@@ -38,6 +39,8 @@ from pgqueue.errors import (
     WaitTimeout,
 )
 from pgqueue.executor import TaskContext
+from pgqueue.function_tasks import TaskFunction
+from pgqueue.handle import TaskHandle
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
@@ -62,6 +65,7 @@ from pgqueue.operations import (
     backlog,
     cancel,
     cancel_leased,
+    check_arguments,
     claim,
     clear_limit,
     complete,
@@ -110,6 +114,7 @@ __all__ = [
     "FailOutcome",
     "FailResult",
     "IdempotencyConflict",
+    "InvalidArgument",
     "InvalidDatabaseURL",
     "InvalidPayload",
     "InvalidPriority",
@@ -137,6 +142,8 @@ __all__ = [
     "SweepResult",
     "Task",
     "TaskContext",
+    "TaskFunction",
+    "TaskHandle",
     "TaskNotFound",
     "TaskRegistry",
     "TaskStatus",
@@ -150,6 +157,7 @@ __all__ = [
     "backlog",
     "cancel",
     "cancel_leased",
+    "check_arguments",
     "claim",
     "clear_limit",
     "complete",

@@ -51,3 +51,6 @@ recent_failures = _ops.recent_failures.aio
 
 # Waiting for a result (issue 15).
 wait = _ops.wait.aio
+
+# Function tasks (issue 15).
+check_arguments = _ops.check_arguments.aio

@@ -158,8 +158,8 @@ def prepare(
     type: str,
     payload: Mapping[str, Any] | None = None,
     *,
-    priority: Priority | str | int = Priority.NORMAL,
-    queue: str = config.DEFAULT_QUEUE,
+    priority: Priority | str | int | None = None,
+    queue: str | None = None,
     idempotency_key: str | None = None,
     run_at: datetime | None = None,
     delay: float | None = None,
@@ -169,12 +169,16 @@ def prepare(
     expires_in: float | None = None,
     expires_at: datetime | None = None,
 ) -> TaskSpec:
-    """Validate one task's arguments and build the row to insert; raises before any write."""
+    """Validate one task's arguments and build the row to insert; raises before any write.
+
+    ``queue`` and ``priority`` left out (None) stay "not given" up to the insert, which takes
+    the type's declared ones (pgqueue.task_types), else 'default' and normal."""
     check_name("type", type)
-    check_name("queue", queue)
+    if queue is not None:
+        check_name("queue", queue)
     if idempotency_key is not None:
         check_name("idempotency_key", idempotency_key, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
-    prio = Priority.parse(priority)
+    prio = None if priority is None else Priority.parse(priority)
     payload = {} if payload is None else payload
     payload_json = encode_payload(payload, max_payload_bytes)
     if run_at is not None and delay is not None:

@@ -67,6 +67,16 @@ class ResultTooLarge(InvalidResult):
         self.limit = limit
 
 
+class InvalidArgument(InvalidPayload):
+    """A function task's argument is missing, unknown, not JSON or of the wrong JSON type
+    (issue 15); ``argument`` names it, and the message is the same at every boundary:
+    ``payload: argument 'order_id' is missing``."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
 class ConfigurationError(PgQueueError):
     """A setting (argument or environment variable) is invalid."""
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pgqueue import config, queries, tracing
+from pgqueue import arguments, config, queries, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import QueueNotFound, TaskNotFound, ValidationError
@@ -234,15 +234,17 @@ def enqueue(
 ) -> Op[EnqueueResult]:
     """Submit one task in the caller's transaction.
 
-    Options: ``priority`` ('high', 'normal' (default), 'low'), ``queue`` ('default'),
-    ``idempotency_key``, ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``,
-    ``retry`` (a RetryPolicy), ``expires_in`` (seconds) or ``expires_at`` (aware datetime): if
-    no attempt has been spent by then, the task never runs and ends cancelled, reason
-    ``expired``. With an idempotency key that was already used, nothing is inserted and the
-    original task comes back with ``created=False``, whatever was submitted this time; with
-    ``key_reuse="refuse"``, only if this submit has the original's type, queue and payload
-    (JSON equality), else IdempotencyConflict is raised, naming the original and the fields
-    that differ. Nothing is written then, and the transaction is still usable.
+    Options: ``priority`` ('high', 'normal', 'low'), ``queue``, ``idempotency_key``,
+    ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``, ``retry`` (a
+    RetryPolicy), ``expires_in`` (seconds) or ``expires_at`` (aware datetime): if no attempt
+    has been spent by then, the task never runs and ends cancelled, reason ``expired``. Left
+    out (or None), the priority, queue and retry policy are the type's declaration (recorded
+    by workers at start), else 'normal', 'default' and 3 attempts. With an idempotency key
+    that was already used, nothing is inserted and the original task comes back with
+    ``created=False``, whatever was submitted this time; with ``key_reuse="refuse"``, only if
+    this submit has the original's type, queue (when given) and payload (JSON equality), else
+    IdempotencyConflict is raised, naming the original and the fields that differ. Nothing is
+    written then, and the transaction is still usable.
     """
     now = options.pop("now", None)
     reuse = KeyReuse.parse(key_reuse)
@@ -250,7 +252,8 @@ def enqueue(
 
 
 def _insert(spec: TaskSpec, now: datetime | None, key_reuse: KeyReuse) -> Op[EnqueueResult]:
-    with tracing.submit_span(spec.type, spec.queue) as trace_context:
+    # A queue left out is the type's declared one, known only once inserted.
+    with tracing.submit_span(spec.type, spec.queue or "(declared)") as trace_context:
         task, created = yield from queries.task_insert(spec, now, trace_context, key_reuse)
     return EnqueueResult(task, created)
 
@@ -278,10 +281,50 @@ def enqueue_many(
 def _insert_many(
     specs: list[TaskSpec], now: datetime | None, key_reuse: KeyReuse
 ) -> Op[list[EnqueueResult]]:
-    type_, queue = tracing.batch_names({s.type for s in specs}, {s.queue for s in specs})
+    queues = {s.queue or "(declared)" for s in specs}
+    type_, queue = tracing.batch_names({s.type for s in specs}, queues)
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
         rows = yield from queries.task_insert_many(specs, now, trace_context, key_reuse)
     return [EnqueueResult(t, c) for t, c in rows]
+
+
+# --- function tasks (issue 15): a prepared task's insert, arguments checked by name -----------
+
+
+def insert_prepared(
+    spec: TaskSpec, now: datetime | None = None, key_reuse: KeyReuse = KeyReuse.RETURN
+) -> Op[EnqueueResult]:
+    """The op of one prepared task's insert (``pgqueue.enqueue`` after its ``prepare``): what a
+    function task's ``enqueue`` drives, having bound and checked its arguments itself."""
+    return _insert(spec, now, key_reuse)
+
+
+@operation
+def check_arguments(type: str, payload: Mapping[str, Any] | None = None) -> Op[None]:
+    """Check a payload against the parameters a worker recorded for ``type`` (a function
+    task, ``@tasks.task``): raises InvalidArgument naming the argument that is missing,
+    unknown, not JSON or of the wrong JSON type; does nothing for a type that recorded none
+    (a ``handler(payload, ctx)`` type, or one no worker declared yet). One primary-key read.
+
+    The CLI and the HTTP API call it before they enqueue, since they never import the user's
+    code; ``pgqueue.enqueue`` by type name does not (no extra round trip on the hot path):
+    a producer holding the function checks for free with ``fn.enqueue(...)``.
+    """
+    check_name("type", type)
+    given = {} if payload is None else payload
+    if not isinstance(given, Mapping):
+        raise ValidationError("payload", f"must be a JSON object (a dict), not {_kind(given)}")
+    return _check_arguments(type, given)
+
+
+def _kind(value: object) -> str:
+    return value.__class__.__name__
+
+
+def _check_arguments(type: str, payload: Mapping[str, Any]) -> Op[None]:
+    description = yield from queries.task_type_parameters(type)
+    if description is not None:
+        arguments.check_arguments(description, payload)
 
 
 # --- inspecting and operating ----------------------------------------------------------------

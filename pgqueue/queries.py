@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgqueue import db
+from pgqueue.config import DEFAULT_QUEUE
 from pgqueue.cron import Schedule
 from pgqueue.errors import (
     ComparedField,
@@ -167,7 +168,7 @@ def _execute(
                     copy.write_row(row)
             return []
         cur.execute(sql[query.name], query.params, prepare=query.prepare)
-        return cur.fetchall() if cur.description is not None else []
+        return cur.fetchall() if _has_rows(cur) else []
 
 
 async def arun(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
@@ -205,7 +206,18 @@ async def _aexecute(
                     await copy.write_row(row)
             return []
         await cur.execute(sql[query.name], query.params, prepare=query.prepare)
-        return await cur.fetchall() if cur.description is not None else []
+        return await cur.fetchall() if _has_rows(cur) else []
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned a result set (what ``cur.description is not None``
+    says), without building ``cur.description``: a Column object per column, some 5 us each
+    on every statement, a cost that grew with each column a RETURNING gained."""
+    res = cur.pgresult
+    return res is not None and bool(res.nfields or res.status == _TUPLES_OK)
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _translated(exc: BaseException) -> BaseException:
@@ -318,8 +330,10 @@ class TaskSpec(NamedTuple):
     type: str
     payload: dict[str, Any]  # what the caller gave; payload_json is what gets stored
     payload_json: str
-    priority: Priority
-    queue: str
+    # None: not given; the insert takes the type's declared priority and queue (task_types),
+    # else DEFAULT_PRIORITY and DEFAULT_QUEUE, as it does for the retry policy.
+    priority: Priority | None
+    queue: str | None
     # The caller's retry policy, None where the caller gave none: the insert then takes the
     # type's declaration (pgqueue.task_types), else DEFAULT_RETRY, field by field.
     max_attempts: int | None
@@ -337,10 +351,15 @@ class TaskSpec(NamedTuple):
 
 # The retry policy of a task whose caller and type declared none.
 DEFAULT_RETRY = RetryPolicy()
+# The priority of a task whose caller and type gave none (issue 15); the queue is
+# config.DEFAULT_QUEUE.
+DEFAULT_PRIORITY = Priority.NORMAL
 
 
 def _defaults() -> dict[str, Any]:
     return {
+        "default_queue": DEFAULT_QUEUE,
+        "default_priority": int(DEFAULT_PRIORITY),
         "default_max_attempts": DEFAULT_RETRY.max_attempts,
         "default_backoff_base": DEFAULT_RETRY.base,
         "default_backoff_factor": DEFAULT_RETRY.factor,
@@ -359,17 +378,19 @@ def _inserted(
     created_at: datetime,
     visible_after: datetime,
     max_attempts: int,
+    queue: str,
+    priority: int,
     expires_at: datetime | None = None,
 ) -> Task:
     """The Task a fresh insert created, built from what was sent rather than read back: the
-    statement returns only what the server decided (times, the resolved max_attempts), which
-    keeps enqueue cheap."""
+    statement returns only what the server decided (times, the resolved max_attempts, queue
+    and priority), which keeps enqueue cheap."""
     return Task(
         id=spec.id,
-        queue=spec.queue,
+        queue=queue,
         type=spec.type,
         payload=spec.payload,
-        priority=spec.priority,
+        priority=spec.priority if spec.priority is not None else Priority(priority),
         status=TaskStatus.QUEUED,
         attempts=0,
         max_attempts=max_attempts,
@@ -404,7 +425,7 @@ def task_insert(
             "queue": spec.queue,
             "type": spec.type,
             "payload": spec.payload_json,
-            "priority": int(spec.priority),
+            "priority": None if spec.priority is None else int(spec.priority),
             "max_attempts": spec.max_attempts,
             "backoff_base": spec.backoff_base,
             "backoff_factor": spec.backoff_factor,
@@ -422,10 +443,16 @@ def task_insert(
     )
     if rows:
         row = rows[0]
-        created = _inserted(
-            spec, row["created_at"], row["visible_after"], row["max_attempts"], row["expires_at"]
+        task = _inserted(
+            spec,
+            row["created_at"],
+            row["visible_after"],
+            row["max_attempts"],
+            row["queue"],
+            row["priority"],
+            row["expires_at"],
         )
-        return created, True
+        return task, True
     # The key was taken. ON CONFLICT waited for any concurrent inserter of the same key to
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield from _holders([spec], key_reuse)
@@ -459,9 +486,11 @@ def _refuse_if_different(
     """Raise IdempotencyConflict when ``holder`` (a task_get_by_keys_compared row) is not what
     ``spec`` submitted: another type, queue or payload. ``batch`` maps the ids this batch
     inserted to their positions, to say when the holder is an earlier item of it."""
+    # A submit that gave no queue asks for the type's declared one (issue 15), which is what
+    # placed the holder too when it gave none: only a queue given is compared.
     compared: tuple[tuple[ComparedField, bool], ...] = (
         ("type", holder["type"] == spec.type),
-        ("queue", holder["queue"] == spec.queue),
+        ("queue", spec.queue is None or holder["queue"] == spec.queue),
         ("payload", holder["same_payload"]),
     )
     differing = tuple(field for field, same in compared if not same)
@@ -500,7 +529,7 @@ def _declared_policies(declared: Mapping[str, list[Any]]) -> dict[str, _Policy]:
     out: dict[str, _Policy] = {}
     for type, fields in declared.items():
         m, b, f, c = (
-            x if x is not None else y for x, y in zip(fields, _DEFAULT_POLICY[:4], strict=True)
+            x if x is not None else y for x, y in zip(fields[:4], _DEFAULT_POLICY[:4], strict=True)
         )
         out[type] = (int(m), float(b), float(f), float(c), None)
     return out
@@ -519,6 +548,22 @@ def _resolved_policy(s: TaskSpec, policies: Mapping[str, _Policy]) -> _Policy:
         s.backoff_cap if s.backoff_cap is not None else declared[3],
         None,
     )
+
+
+def _declared_places(declared: Mapping[str, list[Any]]) -> dict[str, tuple[str, Priority]]:
+    """Each declared type's queue and priority for a task whose caller gave none (the COPY
+    path's side of task_insert's precedence), the default standing in where it declared none."""
+    out: dict[str, tuple[str, Priority]] = {}
+    for type, fields in declared.items():
+        queue, priority = [*fields[4:6], None, None][:2]
+        out[type] = (
+            queue if queue is not None else DEFAULT_QUEUE,
+            Priority(priority) if priority is not None else DEFAULT_PRIORITY,
+        )
+    return out
+
+
+_DEFAULT_PLACE = (DEFAULT_QUEUE, DEFAULT_PRIORITY)
 
 
 def _trace_json(trace_context: Mapping[str, str] | None) -> Jsonb | None:
@@ -551,6 +596,7 @@ def task_insert_many(
         (head,) = yield Query("task_copy_clock", {"now": now, "types": types})
         clock: datetime = head["now"]
         policies = _declared_policies(head["declared"])
+        places = _declared_places(head["declared"])
         rows = []
         for s in plain:
             visible_after = s.run_at or (
@@ -558,16 +604,22 @@ def task_insert_many(
             )
             payload = Jsonb(s.payload_json, dumps=_stored_as_is)
             attempts, base, factor, cap, mark = _resolved_policy(s, policies)
+            queue, priority = s.queue, s.priority
+            if queue is None or priority is None:
+                declared_queue, declared_priority = places.get(s.type, _DEFAULT_PLACE)
+                queue = declared_queue if queue is None else queue
+                priority = declared_priority if priority is None else priority
             expires_at = s.expires_at
             if s.expires_in is not None:  # issue 15: from the server's clock, as the INSERTs
                 expires_at = clock + timedelta(seconds=s.expires_in)
             rows.append(
                 (
-                    s.id, s.queue, s.type, payload, int(s.priority), attempts, base, factor,
+                    s.id, queue, s.type, payload, int(priority), attempts, base, factor,
                     cap, visible_after, clock, trace, mark, expires_at,
                 )
             )  # fmt: skip
-            results[s.id] = (_inserted(s, clock, visible_after, attempts, expires_at), True)
+            task = _inserted(s, clock, visible_after, attempts, queue, priority, expires_at)
+            results[s.id] = (task, True)
         yield Copy("task_copy", _COPY_TYPES, rows)
         inserted_ids.extend(s.id for s in plain)
     keyed = [s for s in specs if s.idempotency_key is not None]
@@ -606,7 +658,7 @@ def _insert_keyed(
             "queues": [s.queue for s in specs],
             "types": [s.type for s in specs],
             "payloads": [s.payload_json for s in specs],
-            "priorities": [int(s.priority) for s in specs],
+            "priorities": [None if s.priority is None else int(s.priority) for s in specs],
             "max_attempts": [s.max_attempts for s in specs],
             "backoff_bases": [s.backoff_base for s in specs],
             "backoff_factors": [s.backoff_factor for s in specs],
@@ -644,7 +696,13 @@ def _insert_keyed(
         if s.id in inserted:
             row = inserted[s.id]
             created = _inserted(
-                s, row["created_at"], row["visible_after"], row["max_attempts"], row["expires_at"]
+                s,
+                row["created_at"],
+                row["visible_after"],
+                row["max_attempts"],
+                row["queue"],
+                row["priority"],
+                row["expires_at"],
             )
             out.append((created, True))
         elif s.idempotency_key in existing:
@@ -806,24 +864,55 @@ def lease_starts_mark(owner: str, *, started: bool = True, now: datetime | None 
     yield Query("lease_starts_mark", {"owner": owner, "started": started, "now": now})
 
 
+class TypeDeclaration(NamedTuple):
+    """What a worker records about one task type at its start (pgqueue.task_types): its retry
+    policy, queue, priority and timeout (None: not declared), and a function task's
+    parameters (pgqueue.function_tasks.describe_parameters; None: a handler(payload, ctx))."""
+
+    type: str
+    retry: RetryPolicy | None = None
+    queue: str | None = None
+    priority: Priority | None = None
+    timeout: float | None = None
+    parameters: Mapping[str, Any] | None = None
+
+
 def task_types_declare(
-    owner: str, declarations: Sequence[tuple[str, RetryPolicy | None]], now: datetime | None = None
+    owner: str,
+    declarations: Sequence[TypeDeclaration | tuple[str, RetryPolicy | None]],
+    now: datetime | None = None,
 ) -> Op[None]:
-    """Record a registry's task types and their retry policies (None: none declared), as
-    ``owner`` (a worker's id) at its start; enqueue reads them (task_insert)."""
-    policies = [p for _, p in declarations]
+    """Record a registry's task types and what each declares (None: nothing), as ``owner``
+    (a worker's id) at its start; enqueue reads them (task_insert), and the CLI and the API
+    check payloads against the parameters (task_type_parameters)."""
+    decls = [d if isinstance(d, TypeDeclaration) else TypeDeclaration(*d) for d in declarations]
+    policies = [d.retry for d in decls]
     yield Query(
         "task_types_declare",
         {
             "owner": owner,
-            "types": [t for t, _ in declarations],
+            "types": [d.type for d in decls],
             "max_attempts": [p.max_attempts if p else None for p in policies],
             "bases": [float(p.base) if p else None for p in policies],
             "factors": [float(p.factor) if p else None for p in policies],
             "caps": [float(p.cap) if p else None for p in policies],
+            "queues": [d.queue for d in decls],
+            "priorities": [None if d.priority is None else int(d.priority) for d in decls],
+            "timeouts": [d.timeout for d in decls],
+            "parameters": [None if d.parameters is None else dumps(d.parameters) for d in decls],
             "now": now,
         },
     )
+
+
+def task_type_parameters(type: str) -> Op[dict[str, Any] | None]:
+    """The parameters a worker recorded for ``type`` (a function task), or None: not
+    declared, or a handler(payload, ctx) type, which takes any payload."""
+    rows = yield Query("task_type_parameters", {"type": type})
+    if not rows or rows[0]["parameters"] is None:
+        return None
+    parameters: dict[str, Any] = rows[0]["parameters"]
+    return parameters
 
 
 def task_types_list() -> Op[list[Row]]:

@@ -1,7 +1,10 @@
 """Task types and their handlers, with each type's retry policy and timeout.
 
-A handler is a plain function (run in a thread) or an ``async def`` (run on the worker's
-event loop), called as ``handler(payload, context)``. Its outcome vocabulary is closed:
+A task type is declared either as a function with ordinary parameters, ``@tasks.task``
+(pgqueue/function_tasks.py: the worker calls it with the payload's arguments by name), or as a
+handler called as ``handler(payload, context)``, ``@tasks.handler("type")``. Either is a plain
+function (run in a thread) or an ``async def`` (run on the worker's event loop). The outcome
+vocabulary is closed:
 
 - return a JSON-serialisable value: the task is **completed** and the value is its result;
 - raise :class:`Retry` (optionally ``after=`` seconds): a failed attempt, retried after that
@@ -18,14 +21,24 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from pgqueue.cron import Cron, Schedule, zone
 from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
-from pgqueue.models import RetryPolicy
+from pgqueue.function_tasks import TaskFunction, declare
+from pgqueue.models import Priority, RetryPolicy
+from pgqueue.queries import TypeDeclaration
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TaskDecorator(Protocol):
+    """What ``@tasks.task(...)`` with options gives: it turns a function into a task."""
+
+    def __call__(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
 
 
 class Retry(Exception):  # an outcome, not an error
@@ -79,6 +92,10 @@ class Handler:
     is_async: bool
     retry: RetryPolicy | None
     timeout: float | None
+    # Declared by @tasks.task (issue 15): the type's queue and priority, and its parameters.
+    queue: str | None = None
+    priority: Priority | None = None
+    parameters: Mapping[str, Any] | None = None
 
 
 class TaskRegistry:
@@ -126,6 +143,75 @@ class TaskRegistry:
 
         return register
 
+    # --- function tasks (issue 15) ----------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: Priority | str | int | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> TaskDecorator: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: Priority | str | int | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Declare a function with ordinary parameters as a task type (``@tasks.task`` or
+        ``@tasks.task(...)``); see pgqueue.function_tasks.TaskFunction for what it gains.
+
+        The type is named ``name``, else ``module.qualname`` of the function (renaming or
+        moving the function renames the type: give a name for a type that must stay put).
+        ``queue``, ``priority``, ``max_attempts``/``retry`` are the type's defaults wherever
+        a task of it is submitted (library, CLI, HTTP) without its own: a worker records
+        them in the database at start. ``timeout`` (seconds) fails an attempt that runs
+        longer.
+        """
+
+        def register(f: Callable[..., Any]) -> TaskFunction[..., Any]:
+            declared = declare(
+                f,
+                name=name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                retry=retry,
+                timeout=timeout,
+            )
+            if declared.type in self._handlers:
+                raise ValueError(f"task type {declared.type!r} already has a handler")
+            decl = declared.declaration()
+            self._handlers[declared.type] = Handler(
+                type=declared.type,
+                fn=declared.handler(),
+                is_async=declared.is_async,
+                retry=decl.retry,
+                timeout=timeout,
+                queue=decl.queue,
+                priority=decl.priority,
+                parameters=decl.parameters,
+            )
+            return declared
+
+        return register if fn is None else register(fn)
+
     def get(self, type: str) -> Handler | None:
         return self._handlers.get(type)
 
@@ -133,17 +219,34 @@ class TaskRegistry:
     def types(self) -> list[str]:
         return sorted(self._handlers)
 
-    def declarations(self) -> list[tuple[str, RetryPolicy | None]]:
-        """Each type with its retry policy (None: none declared): what a worker records in
-        pgqueue.task_types at start, for enqueue to apply wherever a task is submitted."""
-        return [(t, self._handlers[t].retry) for t in self.types]
+    def declarations(self) -> list[TypeDeclaration]:
+        """Each type with what it declares (retry policy, queue, priority, timeout, a function
+        task's parameters; None: nothing): what a worker records in pgqueue.task_types at
+        start, for enqueue to apply wherever a task is submitted and the CLI and the API to
+        check payloads against."""
+        return [
+            TypeDeclaration(
+                type=h.type,
+                retry=h.retry,
+                queue=h.queue,
+                priority=h.priority,
+                timeout=h.timeout,
+                parameters=h.parameters,
+            )
+            for h in (self._handlers[t] for t in self.types)
+        ]
 
     def enqueue_options(self, type: str, options: Mapping[str, Any]) -> dict[str, Any]:
-        """Enqueue options with the type's retry policy filled in where the caller gave none."""
+        """Enqueue options with the type's retry policy, queue and priority filled in where
+        the caller gave none."""
         out = dict(options)
         handler = self._handlers.get(type)
         if handler and handler.retry and "retry" not in out and "max_attempts" not in out:
             out["retry"] = handler.retry
+        if handler and handler.queue is not None and out.get("queue") is None:
+            out["queue"] = handler.queue
+        if handler and handler.priority is not None and out.get("priority") is None:
+            out["priority"] = handler.priority
         return out
 
     def periodic(

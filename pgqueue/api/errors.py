@@ -19,6 +19,7 @@ from pgqueue.api.schemas import ErrorOut, FieldError
 from pgqueue.api.waiters import TooManyWaiters
 from pgqueue.errors import (
     DatabaseUnavailable,
+    InvalidArgument,
     InvalidTaskState,
     PayloadTooLarge,
     QueueNotFound,
@@ -98,11 +99,13 @@ async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
             errors=[FieldError(field=exc.field, message=exc.reason)],
         )
     if isinstance(exc, ValidationError):
+        # A function task's argument is a field of the payload: payload.order_id (issue 15).
+        field = f"{exc.field}.{exc.argument}" if isinstance(exc, InvalidArgument) else exc.field
         return error(
             422,
             "invalid_request",
             str(exc),
-            errors=[FieldError(field=exc.field, message=exc.reason)],
+            errors=[FieldError(field=field, message=exc.reason)],
         )
     if isinstance(exc, TaskNotFound | QueueNotFound):
         return error(404, "not_found", str(exc))

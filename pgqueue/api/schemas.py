@@ -53,9 +53,18 @@ class SubmitTask(BaseModel):
     payload: Annotated[dict[str, Any], BeforeValidator(_none_as_empty)] = Field(
         default_factory=dict, examples=[{"to": "a@example.com"}]
     )
-    # The library's rule: a name in any case, surrounding spaces ignored.
-    priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] = "normal"
-    queue: str = Field("default", min_length=1, max_length=200)
+    # The library's rule: a name in any case, surrounding spaces ignored. Left out (or null):
+    # the type's declared priority and queue (recorded by workers at start), else normal and
+    # 'default' (issue 15).
+    priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] | None = (
+        Field(None, description="null: the type's declared priority, else normal.")
+    )
+    queue: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="null: the type's declared queue, else 'default'.",
+    )
     idempotency_key: str | None = Field(None, min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
     key_reuse: Annotated[Literal["return", "refuse"], BeforeValidator(_fold_name)] = Field(
         "return",

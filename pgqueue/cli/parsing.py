@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +56,31 @@ def parse_payload(text: str) -> dict[str, Any]:
             param_hint="'--payload'",
         )
     return value
+
+
+def _constant_as_text(name: str) -> Any:
+    raise ValueError(name)  # NaN, Infinity: not JSON, so --arg takes them as text
+
+
+def parse_arguments(pairs: Sequence[str]) -> dict[str, Any]:
+    """The --arg NAME=VALUE options: a function task's arguments by name. VALUE is JSON when
+    it parses as JSON (``42``, ``true``, ``null``, ``[1, 2]``, ``"42"`` for the string), else
+    the text itself (``--arg to=a@example.com``), so that plain words need no quoting."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise typer.BadParameter(
+                f"{pair!r} is not NAME=VALUE (for example order_id=42)", param_hint="'--arg'"
+            )
+        if name in out:
+            raise typer.BadParameter(f"argument {name!r} is given twice", param_hint="'--arg'")
+        try:
+            out[name] = json.loads(text, parse_constant=_constant_as_text)
+        except (ValueError, RecursionError):  # not JSON (or NaN, or absurdly deep): the text
+            out[name] = text
+    return out
 
 
 def parse_count(text: str | None, option: str) -> int | None:

@@ -13,11 +13,11 @@ from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
 from pgqueue.cli.database import connection, open_client
 from pgqueue.cli.errors import UsageProblem
 from pgqueue.cli.output import emit, error_lines, more_hint
-from pgqueue.cli.parsing import parse_count, parse_payload, parse_time
+from pgqueue.cli.parsing import parse_arguments, parse_count, parse_payload, parse_time
 from pgqueue.config import DEFAULT_QUEUE
 from pgqueue.errors import ValidationError, WaitTimeout
 from pgqueue.formatting import MISSING, key_values, table, timestamp
-from pgqueue.models import KeyReuse, Priority, Task, TaskStatus
+from pgqueue.models import EnqueueResult, KeyReuse, Priority, Task, TaskStatus
 
 commands = typer.Typer()
 
@@ -131,18 +131,34 @@ def enqueue(
         str, typer.Argument(metavar="TYPE", help="The task type (the name of its handler).")
     ],
     payload: Annotated[
-        str,
+        str | None,
         typer.Option("--payload", metavar="JSON", help="The task's arguments, a JSON object."),
-    ] = "{}",
+    ] = None,
+    args: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arg",
+            metavar="NAME=VALUE",
+            help="One argument of a function task (repeatable): VALUE as JSON when it parses "
+            'as JSON (42, true, null, [1,2], "42"), else as a string. Instead of --payload.',
+        ),
+    ] = None,
     priority: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--priority",
             metavar="[high|normal|low]",
-            help="Priority (any case, as in the library and the HTTP API).",
+            help="Priority (any case, as in the library and the HTTP API; default: the type's "
+            "declaration, else normal).",
         ),
-    ] = "normal",
-    queue: Annotated[str, typer.Option("--queue", help="The queue to put it on.")] = DEFAULT_QUEUE,
+    ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            help=f"The queue to put it on (default: the type's declaration, else {DEFAULT_QUEUE}).",
+        ),
+    ] = None,
     idempotency_key: Annotated[
         str | None,
         typer.Option(
@@ -174,12 +190,14 @@ def enqueue(
     expires_in: ExpiresIn = None,
     expires_at: ExpiresAt = None,
 ) -> None:
-    """Submit a task."""
+    """Submit a task: its payload as --payload JSON, or a function task's arguments as --arg."""
     if delay is not None and run_at is not None:
         raise UsageProblem("give --delay or --run-at, not both")
-    data = parse_payload(payload)
+    if payload is not None and args:
+        raise UsageProblem("give --payload or --arg, not both")
+    data = parse_arguments(args) if args else parse_payload(payload or "{}")
     try:
-        level = Priority.parse(priority)
+        level = None if priority is None else Priority.parse(priority)
     except ValidationError as exc:
         raise typer.BadParameter(exc.reason, param_hint="'--priority'") from None
     try:
@@ -188,6 +206,9 @@ def enqueue(
         raise typer.BadParameter(exc.reason, param_hint="'--key-reuse'") from None
     when = parse_time(run_at, "--run-at") if run_at is not None else None
     with connection() as conn:
+        # A function task's arguments, checked against the parameters its workers recorded,
+        # before anything is written (the library and the HTTP API give the same error).
+        ops.check_arguments(conn, task_type, data)
         result = ops.enqueue(
             conn,
             task_type,
@@ -202,6 +223,11 @@ def enqueue(
             expires_in=expires_in,
             expires_at=parse_time(expires_at, "--expires-at") if expires_at is not None else None,
         )
+    emit({**result.task.to_dict(), "created": result.created}, enqueued(result, idempotency_key))
+
+
+def enqueued(result: EnqueueResult, idempotency_key: str | None) -> str:
+    """What `pgqueue enqueue` tells people: the task's id, status and times."""
     task = result.task
     pairs: list[tuple[str, object]] = [
         ("id", str(task.id)),
@@ -217,7 +243,7 @@ def enqueue(
                 f"existing task returned: idempotency key {idempotency_key!r} was already used",
             )
         )
-    emit({**task.to_dict(), "created": result.created}, key_values(pairs))
+    return key_values(pairs)
 
 
 @commands.command()

@@ -6,13 +6,16 @@
 -- One task; with a taken idempotency key nothing is inserted and no row comes back.
 -- pg_notify is transactional: idle workers wake only if (and when) the caller commits.
 -- The retry policy, field by field: the caller's, else the type's declaration (one primary-key
--- read of pgqueue.task_types), else the default (see task_insert_plain).
+-- read of pgqueue.task_types), else the default (see task_insert_plain). So are the queue and
+-- the priority: NULL from the caller means "not given" (issue 15).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
                                created_at, trace_context, policy_default, expires_at)
-    SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
+    SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
+           %(payload)s::jsonb,
+           coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
            coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
            coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
            coalesce(%(backoff_factor)s::real, d.backoff_factor, %(default_backoff_factor)s),
@@ -26,10 +29,10 @@ inserted AS (
                     clock.now + %(expires_in)s::double precision * interval '1 second')
       FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, visible_after, created_at, max_attempts, expires_at
+    RETURNING id, queue, priority, visible_after, created_at, max_attempts, expires_at
 )
 SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_attempts,
-       inserted.expires_at,
+       inserted.queue, inserted.priority, inserted.expires_at,
        CASE WHEN inserted.visible_after <= clock.now
             THEN pg_notify('pgqueue', inserted.queue) END AS notified
   FROM inserted, clock;
@@ -40,11 +43,15 @@ SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_at
 -- commit, as task_insert does. The retry policy, field by field: the caller's, else the
 -- type's declaration (one primary-key read of pgqueue.task_types, in this statement: no round
 -- trip more), else the default. policy_default marks a task that got the default for want of
--- both, so that the first claim after its type is declared applies the declaration.
+-- both, so that the first claim after its type is declared applies the declaration. The queue
+-- and the priority: the caller's, else the type's, else the default (never applied later: the
+-- queue decides which workers may claim the task).
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, visible_after, created_at, trace_context,
                            policy_default, expires_at)
-SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
+SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
+       %(payload)s::jsonb,
+       coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
        coalesce(%(max_attempts)s::integer, d.max_attempts, %(default_max_attempts)s),
        coalesce(%(backoff_base)s::real, d.backoff_base, %(default_backoff_base)s),
        coalesce(%(backoff_factor)s::real, d.backoff_factor, %(default_backoff_factor)s),
@@ -58,7 +65,7 @@ SELECT %(id)s, %(queue)s, %(type)s, %(payload)s::jsonb, %(priority)s,
                 coalesce(%(now)s::timestamptz, now())
                 + %(expires_in)s::double precision * interval '1 second')
   FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
-RETURNING visible_after, created_at, max_attempts, expires_at,
+RETURNING visible_after, created_at, max_attempts, queue, priority, expires_at,
           CASE WHEN visible_after <= created_at THEN pg_notify('pgqueue', queue) END AS notified;
 
 -- name: clock
@@ -70,7 +77,8 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 -- cannot read pgqueue.task_types, so the client applies them (the precedence of task_insert).
 SELECT coalesce(%(now)s::timestamptz, now()) AS now,
        (SELECT coalesce(jsonb_object_agg(type, jsonb_build_array(max_attempts, backoff_base,
-                                                                 backoff_factor, backoff_cap)),
+                                                                 backoff_factor, backoff_cap,
+                                                                 queue, priority)),
                         '{}'::jsonb)
           FROM pgqueue.task_types WHERE type = ANY(%(types)s::text[])) AS declared;
 
@@ -84,12 +92,14 @@ FROM STDIN (FORMAT BINARY);
 
 -- name: task_insert_many
 -- Many tasks with idempotency keys in one statement (arrays, one element per task); taken
--- keys are skipped. The retry policy as in task_insert (explicit: the caller gave one).
+-- keys are skipped. The retry policy, queue and priority as in task_insert (explicit: the
+-- caller gave a policy).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
                            created_at, trace_context, policy_default, expires_at)
-SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
+SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
+       coalesce(v.priority, d.priority, %(default_priority)s::smallint),
        coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
        coalesce(v.backoff_base, d.backoff_base, %(default_backoff_base)s),
        coalesce(v.backoff_factor, d.backoff_factor, %(default_backoff_factor)s),
@@ -114,7 +124,7 @@ SELECT v.id, v.queue, v.type, v.payload::jsonb, v.priority,
  -- the first is the one created.
  ORDER BY v.n
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, visible_after, created_at, max_attempts, expires_at;
+RETURNING id, visible_after, created_at, max_attempts, queue, priority, expires_at;
 
 -- name: queue_notify
 -- Wake idle workers of these queues (once per queue, after a bulk insert).
@@ -1051,27 +1061,42 @@ RETURNING s.last_tick;
 
 -- name: task_types_declare
 -- A worker's registry, recorded at its start (before its first claim): each handler's type
--- with its retry policy (NULLs: none declared), what enqueue reads when the caller gives no
--- policy. The latest worker to start wins, as for schedules; an unchanged row is not written.
+-- with its retry policy, queue, priority, timeout and (function tasks) parameters (NULLs: none
+-- declared), what enqueue reads when the caller gives none and what the CLI and the API check
+-- a payload against. The latest worker to start wins, as for schedules; an unchanged row is
+-- not written.
 INSERT INTO pgqueue.task_types AS d (type, max_attempts, backoff_base, backoff_factor,
-                                     backoff_cap, declared_by, updated_at)
-SELECT v.type, v.max_attempts, v.base, v.factor, v.cap, %(owner)s,
-       coalesce(%(now)s::timestamptz, now())
+                                     backoff_cap, queue, priority, timeout, parameters,
+                                     declared_by, updated_at)
+SELECT v.type, v.max_attempts, v.base, v.factor, v.cap, v.queue, v.priority, v.timeout,
+       v.parameters::jsonb, %(owner)s, coalesce(%(now)s::timestamptz, now())
   FROM unnest(%(types)s::text[], %(max_attempts)s::integer[], %(bases)s::real[],
-              %(factors)s::real[], %(caps)s::real[]) AS v(type, max_attempts, base, factor, cap)
+              %(factors)s::real[], %(caps)s::real[], %(queues)s::text[],
+              %(priorities)s::smallint[], %(timeouts)s::real[], %(parameters)s::text[])
+       AS v(type, max_attempts, base, factor, cap, queue, priority, timeout, parameters)
 ON CONFLICT (type) DO UPDATE
    SET max_attempts = excluded.max_attempts, backoff_base = excluded.backoff_base,
        backoff_factor = excluded.backoff_factor, backoff_cap = excluded.backoff_cap,
+       queue = excluded.queue, priority = excluded.priority, timeout = excluded.timeout,
+       parameters = excluded.parameters,
        declared_by = excluded.declared_by, updated_at = excluded.updated_at
- WHERE (d.max_attempts, d.backoff_base, d.backoff_factor, d.backoff_cap)
+ WHERE (d.max_attempts, d.backoff_base, d.backoff_factor, d.backoff_cap, d.queue, d.priority,
+        d.timeout, d.parameters)
        IS DISTINCT FROM (excluded.max_attempts, excluded.backoff_base,
-                         excluded.backoff_factor, excluded.backoff_cap);
+                         excluded.backoff_factor, excluded.backoff_cap, excluded.queue,
+                         excluded.priority, excluded.timeout, excluded.parameters);
 
 -- name: task_types_list
 -- The declared task types, for `pgqueue types`-like readers and tests.
-SELECT type, max_attempts, backoff_base, backoff_factor, backoff_cap, declared_by, updated_at
+SELECT type, max_attempts, backoff_base, backoff_factor, backoff_cap, queue, priority, timeout,
+       parameters, declared_by, updated_at
   FROM pgqueue.task_types
  ORDER BY type;
+
+-- name: task_type_parameters
+-- A function task's recorded parameters (one primary-key read), which the CLI and the HTTP
+-- API check a payload against before they insert it: they never import the user's code.
+SELECT parameters FROM pgqueue.task_types WHERE type = %(type)s;
 
 -- name: schedule_advance
 -- Move the fence on, in the transaction that enqueued the ticks.

@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pgqueue.models import ClaimedTask, RetryPolicy
+from pgqueue.models import ClaimedTask
 from pgqueue.queries import ClaimStarts as Starts
 from pgqueue.queries import (
+    TypeDeclaration,
     arun,
     claim_round,
     lease_starts_mark,
@@ -50,7 +51,7 @@ class Claimer:
         slots: Slots,
         stop: StopRequest,
         start: Callable[[ClaimedTask], None],
-        declarations: Sequence[tuple[str, RetryPolicy | None]] = (),
+        declarations: Sequence[TypeDeclaration] = (),
     ) -> None:
         self._config = config
         self._db = db

@@ -59,7 +59,7 @@ def assert_refused_before_sql(tx, conn, error, call, **match):
 
 
 def test_priority_must_be_high_normal_or_low(tx, conn, subtests):
-    for priority in ["urgent", 7, None, True, -1, 1.0, ""]:
+    for priority in ["urgent", 7, True, -1, 1.0, ""]:
         with subtests.test(priority=priority):
             exc = assert_refused_before_sql(
                 tx,
@@ -69,6 +69,9 @@ def test_priority_must_be_high_normal_or_low(tx, conn, subtests):
                 field="priority",
             )
             assert "'high', 'normal', 'low'" in str(exc)
+
+    # None is "not given" (issue 15): the type's declared priority, else normal.
+    assert pgqueue.enqueue(conn, "t", {}, priority=None).task.priority is pgqueue.Priority.NORMAL
 
     # The accepted spellings, for contrast: names in any case, Priority members, 0 to 2.
     cases = [("high", 0), (" LOW ", 2), (pgqueue.Priority.NORMAL, 1), (0, 0), (2, 2)]
@@ -239,6 +242,8 @@ def test_type_and_queue_must_be_1_to_200_characters_without_nul(tx, conn, subtes
 
     for field, call in (("type", as_type), ("queue", as_queue)):
         for name, value in BAD_NAMES.items():
+            if field == "queue" and value is None:
+                continue  # "not given" (issue 15): below
             with subtests.test(field=field, case=name):
                 assert_refused_before_sql(
                     tx,
@@ -247,6 +252,9 @@ def test_type_and_queue_must_be_1_to_200_characters_without_nul(tx, conn, subtes
                     lambda c, call=call, value=value: call(c, value),
                     field=field,
                 )
+
+    # queue=None is "not given": the type's declared queue, else 'default'.
+    assert pgqueue.enqueue(conn, "t", {}, queue=None).task.queue == "default"
 
     # For contrast: 200 characters (not bytes) is within the limit.
     name = "é" * 200

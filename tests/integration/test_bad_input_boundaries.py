@@ -401,8 +401,13 @@ CASES: list[Case] = [
     ),
     Case("priority-empty", "priority", 'priority `""`', REJECT, **option("priority", "", "", "")),
     Case(
-        "priority-null", "priority", "priority `null` (library: `None`)", REJECT,
-        **option("priority", None, NA, None), notes={"cli": "argv is text"},
+        "priority-null", "priority", "priority `null` (library: `None`)", ACCEPT,
+        **option("priority", None, NA, None), stored={"priority": 1},
+        notes={
+            "cli": "argv is text",
+            "library": "not given (issue 15): the type's declared priority, else normal",
+            "http": "not given (issue 15): the type's declared priority, else normal",
+        },
     ),
     # --- max_attempts -----------------------------------------------------------------------------
     Case(

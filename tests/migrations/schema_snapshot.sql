@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0009_task_waiters
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0010_function_tasks
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -74,7 +74,11 @@ CREATE TABLE pgqueue.task_types (
     backoff_factor real,
     backoff_cap real,
     declared_by text NOT NULL,
-    updated_at timestamp with time zone NOT NULL DEFAULT now()
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    queue text,
+    priority smallint,
+    timeout real,
+    parameters jsonb
 );
 ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
 ALTER TABLE pgqueue.task_types ADD CONSTRAINT task_types_max_attempts_check CHECK ((max_attempts >= 1));

@@ -191,12 +191,17 @@ def offending(args: Mapping[str, Any]) -> dict[str, str]:
     bad: dict[str, str] = {}
     if name_is_bad(args["type"], NAME_LIMIT):
         bad["type"] = "name"
-    if "queue" in args and name_is_bad(args["queue"], NAME_LIMIT):
+    # None is "not given" for queue and priority (issue 15): the type's declaration applies.
+    if "queue" in args and args["queue"] is not None and name_is_bad(args["queue"], NAME_LIMIT):
         bad["queue"] = "name"
     key = args.get("idempotency_key")
     if key is not None and name_is_bad(key, KEY_LIMIT):
         bad["idempotency_key"] = "name"
-    if "priority" in args and priority_number(args["priority"]) is None:
+    if (
+        "priority" in args
+        and args["priority"] is not None
+        and priority_number(args["priority"]) is None
+    ):
         bad["priority"] = "priority"
     limit = args.get("max_payload_bytes", DEFAULT_PAYLOAD_LIMIT)
     problem = payload_problem(args.get("payload"), limit)
@@ -247,8 +252,11 @@ def expected_payload(args: Mapping[str, Any]) -> Any:
 
 def assert_stored_verbatim(row: Mapping[str, Any], args: Mapping[str, Any]) -> None:
     assert row["type"] == args["type"]
-    assert row["queue"] == args.get("queue", "default")
-    assert row["priority"] == priority_number(args.get("priority", "normal"))
+    given_queue, given_priority = args.get("queue"), args.get("priority")  # None: not given
+    assert row["queue"] == ("default" if given_queue is None else given_queue)
+    assert row["priority"] == priority_number(
+        "normal" if given_priority is None else given_priority
+    )
     assert row["idempotency_key"] == args.get("idempotency_key")
     assert row["status"] == "queued"
     assert row["attempts"] == 0

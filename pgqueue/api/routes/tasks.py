@@ -82,6 +82,9 @@ async def submit(
     try:
         with tracing.remote_parent(request.headers):
             async with state.connection() as conn:
+                # A function task's payload is its arguments: checked against the parameters
+                # its workers recorded (422 naming the argument) before anything is written.
+                await aio.check_arguments(conn, body.type, body.payload)
                 result = await aio.enqueue(
                     conn,
                     body.type,
@@ -99,7 +102,7 @@ async def submit(
     except IdempotencyConflict as exc:
         # Answered here rather than by the shared handlers: this body carries what only
         # this refusal has (the original task and the differing fields).
-        state.metrics.submitted.labels(body.queue, "refused").inc()
+        state.metrics.submitted.labels(body.queue or exc.original_queue, "refused").inc()
         conflict = IdempotencyConflictOut(
             error="idempotency_conflict",
             message=str(exc),
@@ -108,7 +111,8 @@ async def submit(
             differing_fields=list(exc.differing_fields),
         )
         return JSONResponse(conflict.model_dump(mode="json"), status_code=409)
-    state.metrics.submitted.labels(body.queue, "created" if result.created else "replayed").inc()
+    submitted = result.task.queue  # the declared queue when the body gave none
+    state.metrics.submitted.labels(submitted, "created" if result.created else "replayed").inc()
     if not result.created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"

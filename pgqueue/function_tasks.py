@@ -1,0 +1,314 @@
+"""Tasks declared as Python functions: ``@tasks.task`` on a plain or async function.
+
+The decorated function stays callable as itself (calling it runs it here, now) and gains
+``enqueue``/``aenqueue``/``bind``/``enqueue_many``/``options``. Its arguments are bound to
+their parameter names and stored as the task's payload, a JSON object (readable in psql and
+the dashboard, and what an HTTP or CLI submit by type name gives). The worker calls the
+function with them, and gives the task's context to a parameter annotated ``TaskContext``.
+
+Arguments are checked before anything is written, by one function (:func:`check_arguments`)
+used everywhere: here, for a caller holding the function; and by the CLI and the HTTP API,
+which never import user code, against the description a worker recorded at its start
+(pgqueue.task_types.parameters, see :func:`describe_parameters`).
+
+What is checked is :mod:`pgqueue.arguments`' docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from pgqueue import config
+from pgqueue.arguments import Parameters, check_arguments, describe_parameters
+from pgqueue.enqueue import check_name, prepare
+from pgqueue.errors import InvalidArgument, ValidationError
+from pgqueue.handle import TaskHandle
+from pgqueue.models import EnqueueResult, Priority, RetryPolicy
+from pgqueue.operations import enqueue_many, insert_prepared
+from pgqueue.queries import TaskSpec, TypeDeclaration, arun, run
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# --- the decorated function --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """Enqueue options: the declared ones, and per call (``.options(...)``) on top of them."""
+
+    queue: str | None = None
+    priority: Priority | None = None
+    retry: RetryPolicy | None = None
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    run_at: datetime | None = None
+    delay: float | None = None
+
+    def merged(self, other: TaskOptions) -> TaskOptions:
+        """These options with ``other``'s given ones (not None) on top."""
+        given = {f.name: getattr(other, f.name) for f in dataclasses.fields(other)}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+def default_type_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of ``fn``: what a task type is named when ``name=`` is not given.
+    Renaming or moving the function renames the type (queued tasks keep the old one)."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+class TaskFunction(Generic[P, R]):
+    """A function declared as a task type (``@tasks.task``); call it to run it directly.
+
+    ``enqueue(conn, *args, **kwargs)`` submits it in the caller's transaction (whatever
+    ``pgqueue.enqueue`` accepts) and returns a :class:`TaskHandle`; ``aenqueue`` is the async
+    form; ``bind(*args, **kwargs)`` gives a prepared task for ``pgqueue.enqueue_many``;
+    ``enqueue_many(conn, [arguments, ...])`` submits many at once; ``options(queue=...,
+    priority=..., ...)`` gives the same task with per-call options over the declared ones
+    (options are never mixed with the function's own arguments, so no name can collide).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[P, R],
+        *,
+        type: str,
+        parameters: Parameters,
+        declared: TaskOptions,
+        timeout: float | None,
+        call_options: TaskOptions | None = None,
+    ) -> None:
+        self.fn = fn
+        self.type = type
+        self.parameters = parameters
+        self.declared = declared
+        self.timeout = timeout
+        self._options = declared.merged(call_options) if call_options else declared
+        self.is_async = inspect.iscoroutinefunction(fn)
+        # The parameters a positional argument can bind to, in order (not keyword-only ones).
+        self._positional = [
+            p["name"] for p in parameters.description["parameters"] if p["kind"] != "keyword"
+        ]
+        self.__name__ = getattr(fn, "__name__", type)
+        self.__qualname__ = getattr(fn, "__qualname__", type)
+        self.__module__ = getattr(fn, "__module__", __name__)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<pgqueue task {self.type!r} ({self.__module__}.{self.__qualname__})>"
+
+    # --- options ---------------------------------------------------------------------------
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        priority: Priority | str | int | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        idempotency_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+    ) -> TaskFunction[P, R]:
+        """The same task with these options for its enqueues, over the declared ones (per call
+        > declared > the global default, field by field). Validated when enqueued."""
+        given = TaskOptions(
+            queue=queue,
+            priority=None if priority is None else Priority.parse(priority),
+            retry=retry,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+            run_at=run_at,
+            delay=delay,
+        )
+        return TaskFunction(
+            self.fn,
+            type=self.type,
+            parameters=self.parameters,
+            declared=self.declared,
+            timeout=self.timeout,
+            call_options=self._options.merged(given),
+        )
+
+    # --- arguments -------------------------------------------------------------------------
+
+    def arguments(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The call's arguments by parameter name (the payload), checked; raises
+        InvalidArgument naming the argument."""
+        positional = self._positional
+        if len(args) > len(positional):
+            n = len(positional)
+            raise InvalidArgument(
+                "*args",
+                f"{self.type} takes {n} positional argument{'' if n == 1 else 's'} but "
+                f"{len(args)} were given",
+            )
+        out = dict(zip(positional, args, strict=False))
+        for name, value in kwargs.items():
+            if name == self.parameters.context:
+                raise InvalidArgument(
+                    name, f"argument {name!r} is the task's context: the worker passes it"
+                )
+            if name in out:
+                raise InvalidArgument(name, f"argument {name!r} is given twice")
+            out[name] = value
+        check_arguments(self.parameters.description, out)
+        return out
+
+    def _spec(self, payload: Mapping[str, Any], max_payload_bytes: int | None = None) -> TaskSpec:
+        o = self._options
+        return prepare(
+            self.type,
+            payload,
+            queue=o.queue,
+            priority=o.priority,
+            retry=o.retry,
+            max_attempts=o.max_attempts,
+            idempotency_key=o.idempotency_key,
+            run_at=o.run_at,
+            delay=o.delay,
+            max_payload_bytes=max_payload_bytes,
+        )
+
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> TaskSpec:
+        """A prepared task of this call (checked), for ``pgqueue.enqueue_many``."""
+        return self._spec(self.arguments(*args, **kwargs))
+
+    def _specs(self, calls: Iterable[Mapping[str, Any] | TaskSpec]) -> list[TaskSpec]:
+        limit = config.max_payload_bytes()
+        out: list[TaskSpec] = []
+        for call in calls:
+            if isinstance(call, TaskSpec):
+                out.append(call)
+            elif isinstance(call, Mapping):
+                check_arguments(self.parameters.description, call)
+                out.append(self._spec(call, limit))
+            else:
+                raise ValidationError(
+                    "calls",
+                    f"items must be dicts of arguments by name or {self.__name__}.bind(...), "
+                    f"not {type(call).__name__}",
+                )
+        return out
+
+    # --- enqueueing ------------------------------------------------------------------------
+
+    def enqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
+        """Submit a call of this task in the caller's transaction; nothing is written when an
+        argument is missing, unknown or not JSON."""
+        return TaskHandle(run(conn, insert_prepared(self.bind(*args, **kwargs))))
+
+    async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
+        """As :meth:`enqueue`, on an async connection."""
+        return TaskHandle(await arun(conn, insert_prepared(self.bind(*args, **kwargs))))
+
+    def enqueue_many(
+        self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
+    ) -> list[TaskHandle]:
+        """Submit many calls at once (``pgqueue.enqueue_many``): each a dict of arguments by
+        parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
+        before anything is written."""
+        results: list[EnqueueResult] = enqueue_many(conn, self._specs(calls))
+        return [TaskHandle(r) for r in results]
+
+    async def aenqueue_many(
+        self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
+    ) -> list[TaskHandle]:
+        """As :meth:`enqueue_many`, on an async connection."""
+        results: list[EnqueueResult] = await enqueue_many.aio(conn, self._specs(calls))
+        return [TaskHandle(r) for r in results]
+
+    # --- what the worker needs -------------------------------------------------------------
+
+    def declaration(self) -> TypeDeclaration:
+        o = self.declared
+        return TypeDeclaration(
+            type=self.type,
+            retry=_policy(o.retry, o.max_attempts),
+            queue=o.queue,
+            priority=o.priority,
+            timeout=self.timeout,
+            parameters=self.parameters.description,
+        )
+
+    def handler(self) -> Callable[[Mapping[str, Any], Any], Any]:
+        """``handler(payload, ctx)`` calling the function with the payload's arguments (and the
+        context where it asks for it): what the executor runs."""
+        fn: Callable[..., Any] = self.fn
+        call_args = self._call_args
+        if self.is_async:
+
+            async def run_async(payload: Mapping[str, Any], ctx: Any) -> Any:
+                args, kwargs = call_args(payload, ctx)
+                return await fn(*args, **kwargs)
+
+            return run_async
+
+        def run_sync(payload: Mapping[str, Any], ctx: Any) -> Any:
+            args, kwargs = call_args(payload, ctx)
+            return fn(*args, **kwargs)
+
+        return run_sync
+
+    def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
+        check_arguments(self.parameters.description, payload)
+        p = self.parameters
+        kwargs = dict(payload)
+        args: list[Any] = []
+        for name in p.positional_only:
+            if name == p.context:
+                args.append(ctx)
+            elif name in kwargs:
+                args.append(kwargs.pop(name))
+            else:
+                break  # its default, and those after it
+        if p.context is not None and p.context not in p.positional_only:
+            kwargs[p.context] = ctx
+        return args, kwargs
+
+
+def _policy(retry: RetryPolicy | None, max_attempts: int | None) -> RetryPolicy | None:
+    if max_attempts is None:
+        return retry
+    base = retry or RetryPolicy()
+    return RetryPolicy(max_attempts, base.base, base.factor, base.cap)
+
+
+def declare(
+    fn: Callable[P, R],
+    *,
+    name: str | None,
+    queue: str | None,
+    priority: Priority | str | int | None,
+    max_attempts: int | None,
+    retry: RetryPolicy | None,
+    timeout: float | None,
+) -> TaskFunction[P, R]:
+    """``fn`` as a TaskFunction, every declared option checked now (at import)."""
+    if not callable(fn):
+        raise ValidationError("task", f"@task needs a function, not {type(fn).__name__}")
+    type_name = check_name("name", name if name is not None else default_type_name(fn))
+    if queue is not None:
+        check_name("queue", queue)
+    if timeout is not None and timeout <= 0:
+        raise ValidationError("timeout", f"must be positive seconds, not {timeout}")
+    declared = TaskOptions(
+        queue=queue,
+        priority=None if priority is None else Priority.parse(priority),
+        retry=_policy(retry, max_attempts),
+    )
+    return TaskFunction(
+        fn,
+        type=type_name,
+        parameters=describe_parameters(fn, type_name),
+        declared=declared,
+        timeout=timeout,
+    )
