@@ -27,7 +27,7 @@ from pgqueue.arguments import Parameters, check_arguments, describe_parameters
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import InvalidArgument, ValidationError
 from pgqueue.handle import TaskHandle
-from pgqueue.models import EnqueueResult, Priority, RetryPolicy
+from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries import TaskSpec, TypeDeclaration, arun, run
 
@@ -48,6 +48,9 @@ class TaskOptions:
     idempotency_key: str | None = None
     run_at: datetime | None = None
     delay: float | None = None
+    expires_in: float | None = None
+    expires_at: datetime | None = None
+    key_reuse: KeyReuse | None = None
 
     def merged(self, other: TaskOptions) -> TaskOptions:
         """These options with ``other``'s given ones (not None) on top."""
@@ -117,9 +120,13 @@ class TaskFunction(Generic[P, R]):
         idempotency_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | None = None,
+        expires_in: float | None = None,
+        expires_at: datetime | None = None,
+        key_reuse: KeyReuse | str | None = None,
     ) -> TaskFunction[P, R]:
         """The same task with these options for its enqueues, over the declared ones (per call
-        > declared > the global default, field by field). Validated when enqueued."""
+        > declared > the global default, field by field): those of ``pgqueue.enqueue``.
+        Validated when enqueued (``key_reuse`` at once)."""
         given = TaskOptions(
             queue=queue,
             priority=None if priority is None else Priority.parse(priority),
@@ -128,6 +135,9 @@ class TaskFunction(Generic[P, R]):
             idempotency_key=idempotency_key,
             run_at=run_at,
             delay=delay,
+            expires_in=expires_in,
+            expires_at=expires_at,
+            key_reuse=None if key_reuse is None else KeyReuse.parse(key_reuse),
         )
         return TaskFunction(
             self.fn,
@@ -175,6 +185,8 @@ class TaskFunction(Generic[P, R]):
             idempotency_key=o.idempotency_key,
             run_at=o.run_at,
             delay=o.delay,
+            expires_in=o.expires_in,
+            expires_at=o.expires_at,
             max_payload_bytes=max_payload_bytes,
         )
 
@@ -201,14 +213,19 @@ class TaskFunction(Generic[P, R]):
 
     # --- enqueueing ------------------------------------------------------------------------
 
+    @property
+    def _reuse(self) -> KeyReuse:
+        return self._options.key_reuse or KeyReuse.RETURN
+
     def enqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Submit a call of this task in the caller's transaction; nothing is written when an
         argument is missing, unknown or not JSON."""
-        return TaskHandle(run(conn, insert_prepared(self.bind(*args, **kwargs))))
+        return TaskHandle(run(conn, insert_prepared(self.bind(*args, **kwargs), None, self._reuse)))
 
     async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """As :meth:`enqueue`, on an async connection."""
-        return TaskHandle(await arun(conn, insert_prepared(self.bind(*args, **kwargs))))
+        op = insert_prepared(self.bind(*args, **kwargs), None, self._reuse)
+        return TaskHandle(await arun(conn, op))
 
     def enqueue_many(
         self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
@@ -216,14 +233,16 @@ class TaskFunction(Generic[P, R]):
         """Submit many calls at once (``pgqueue.enqueue_many``): each a dict of arguments by
         parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
         before anything is written."""
-        results: list[EnqueueResult] = enqueue_many(conn, self._specs(calls))
+        specs = self._specs(calls)
+        results: list[EnqueueResult] = enqueue_many(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
     async def aenqueue_many(
         self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
     ) -> list[TaskHandle]:
         """As :meth:`enqueue_many`, on an async connection."""
-        results: list[EnqueueResult] = await enqueue_many.aio(conn, self._specs(calls))
+        specs = self._specs(calls)
+        results: list[EnqueueResult] = await enqueue_many.aio(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
     # --- what the worker needs -------------------------------------------------------------

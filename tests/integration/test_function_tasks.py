@@ -233,6 +233,30 @@ def test_options_can_carry_an_idempotency_key_and_a_delay(conn):
     assert task.visible_after > task.created_at
 
 
+def test_options_carry_an_expiry_and_refuse_a_mismatched_key_reuse(conn):
+    """Every enqueue option reaches a function task through ``.options``: the expiry (issue
+    15) and key_reuse="refuse" (issue 18), which refuses a reused key with other arguments
+    and hands back the original for the same ones."""
+    _, send_receipt, _ = receipts()
+
+    expiring = send_receipt.options(expires_in=60).enqueue(conn, 1)
+    task = pgqueue.get_task(conn, expiring.id)
+    assert task.expires_at is not None
+    assert 59 <= (task.expires_at - task.created_at).total_seconds() <= 61
+
+    strict = send_receipt.options(idempotency_key="order-9", key_reuse="refuse")
+    first = strict.enqueue(conn, 9)
+    assert strict.enqueue(conn, 9).id == first.id  # the same request again: the original
+    with pytest.raises(pgqueue.IdempotencyConflict) as refused:
+        strict.enqueue(conn, 10)
+    assert refused.value.task_id == first.id and refused.value.differing_fields == ("payload",)
+    with pytest.raises(pgqueue.IdempotencyConflict):
+        strict.enqueue_many(conn, [{"order_id": 11}])
+    assert count_tasks(conn) == 2
+    with pytest.raises(pgqueue.ValidationError, match="key_reuse"):
+        send_receipt.options(key_reuse="sometimes")
+
+
 def test_a_submit_by_type_name_gets_what_a_worker_declared_and_its_own_options_win(conn):
     tasks, _, undeclared = receipts()
     # Before any worker declared the type: the global defaults.
