@@ -310,6 +310,13 @@ def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> Tas
     """Make ``task_id`` (queued, type 'resize', max_attempts 1) final by ``path``."""
     if path == "cancel queued":
         return pgqueue.cancel(conn, task_id).status
+    if path == "expiry":
+        conn.execute(
+            "UPDATE pgqueue.tasks SET expires_at = now() + interval '1 minute' WHERE id = %s",
+            (task_id,),
+        )
+        assert pgqueue.expire(conn, now=datetime.now(UTC) + timedelta(hours=1)) == [task_id]
+        return pgqueue.get_task(conn, task_id).status
     claimed = claim_one(conn, task_id)
     if path == "complete":
         pgqueue.complete_many(conn, [(claimed.lease, "done")])
@@ -338,6 +345,7 @@ def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> Tas
         "release after cancel asked",
         "failure after cancel asked",
         "sweep",
+        "expiry",
     ],
 )
 def test_every_path_that_finishes_a_task_notifies_its_waiters(
