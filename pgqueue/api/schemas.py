@@ -111,7 +111,11 @@ class IdempotencyConflictOut(BaseModel):
     differing_fields: list[Literal["type", "queue", "payload"]]
 
 
-class TaskOut(BaseModel):
+class SubmitOut(BaseModel):
+    """The answer to a submit: the task's id, status and times, without its payload (the
+    client has it, and echoing it costs as much again as the request), result or errors.
+    ``GET`` the ``Location`` for the whole task (TaskOut: these fields and the rest)."""
+
     task_id: uuid.UUID
     status: Literal["queued", "running", "completed", "failed", "cancelled"]
     created_at: datetime
@@ -128,13 +132,63 @@ class TaskOut(BaseModel):
         description="When the task first became ready: promotions, retries and releases move "
         "run_at but not this (a replay starts a new wait). Waiting ages count from it.",
     )
-    payload: dict[str, Any]
-    result: Any = None
+    idempotency_key: str | None
     attempts: int
     max_attempts: int = Field(
         description="The task's attempts in all: the caller's, else its type's declaration "
         "(recorded by workers at start), else the default, 3."
     )
+    cancel_requested: bool
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None = Field(None, description="While running: the worker holding the lease.")
+    lease_expires_at: datetime | None = Field(
+        None, description="While running: when the lease runs out unless the worker renews it."
+    )
+    expires_at: datetime | None = Field(
+        None,
+        description="If no attempt has been spent by then, it is never run: cancelled with "
+        "last_error 'expired'. null: never expires.",
+    )
+
+    @staticmethod
+    def fields_of(task: Task) -> dict[str, Any]:
+        """The short fields of ``task``, as both answers carry them."""
+        return {
+            "task_id": task.id,
+            "status": task.status.value,
+            "created_at": task.created_at,
+            "type": task.type,
+            "queue": task.queue,
+            "priority": task.priority.label,
+            "submitted_priority": (
+                task.submitted_priority.label if task.submitted_priority else None
+            ),
+            "ready_since": task.ready_since,
+            "idempotency_key": task.idempotency_key,
+            "attempts": task.attempts,
+            "max_attempts": task.max_attempts,
+            "cancel_requested": task.cancel_requested,
+            "run_at": task.visible_after,
+            "started_at": task.started_at,
+            "finished_at": task.finished_at,
+            "worker": task.lease_owner,
+            "lease_expires_at": task.lease_expires_at,
+            "expires_at": task.expires_at,
+        }
+
+    @classmethod
+    def of(cls, task: Task) -> SubmitOut:
+        return cls(**cls.fields_of(task))
+
+
+class TaskOut(SubmitOut):
+    """A whole task: the short fields of a submit's answer, its payload, result, last error
+    and snoozes."""
+
+    payload: dict[str, Any]
+    result: Any = None
     last_error: str | None = Field(description="The last error as stored: summary, then traceback.")
     last_error_summary: str | None = Field(
         None,
@@ -144,100 +198,22 @@ class TaskOut(BaseModel):
     last_error_traceback: str | None = Field(
         None, description="The last error's traceback, when it has one (shown on demand)."
     )
-    idempotency_key: str | None
-    cancel_requested: bool
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    worker: str | None = Field(None, description="While running: the worker holding the lease.")
-    lease_expires_at: datetime | None = Field(
-        None, description="While running: when the lease runs out unless the worker renews it."
-    )
     # Issue 15.
     snoozes: int = Field(
         0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
     )
-    expires_at: datetime | None = Field(
-        None,
-        description="If no attempt has been spent by then, it is never run: cancelled with "
-        "last_error 'expired'. null: never expires.",
-    )
 
     @classmethod
     def of(cls, task: Task) -> TaskOut:
+        error = task.error
         return cls(
-            task_id=task.id,
-            status=task.status.value,
-            created_at=task.created_at,
-            type=task.type,
-            queue=task.queue,
-            priority=task.priority.label,
-            submitted_priority=task.submitted_priority.label if task.submitted_priority else None,
-            ready_since=task.ready_since,
+            **cls.fields_of(task),
             payload=task.payload,
             result=task.result,
-            attempts=task.attempts,
-            max_attempts=task.max_attempts,
             last_error=task.last_error,
-            last_error_summary=error.summary if (error := task.error) else None,
+            last_error_summary=error.summary if error else None,
             last_error_traceback=error.traceback if error else None,
-            idempotency_key=task.idempotency_key,
-            cancel_requested=task.cancel_requested,
-            run_at=task.visible_after,
-            started_at=task.started_at,
-            finished_at=task.finished_at,
-            worker=task.lease_owner,
-            lease_expires_at=task.lease_expires_at,
             snoozes=task.snoozes,
-            expires_at=task.expires_at,
-        )
-
-
-class SubmitOut(BaseModel):
-    """The answer to a submit: the task's id, status and times, without its payload (the
-    client has it, and echoing it costs as much again as the request), result or errors.
-    ``GET`` the ``Location`` for the whole task."""
-
-    task_id: uuid.UUID
-    status: Literal["queued", "running", "completed", "failed", "cancelled"]
-    created_at: datetime
-    type: str
-    queue: str
-    priority: str
-    submitted_priority: str | None = None
-    ready_since: datetime | None = None
-    idempotency_key: str | None
-    attempts: int
-    max_attempts: int
-    cancel_requested: bool
-    run_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    worker: str | None = None
-    lease_expires_at: datetime | None = None
-    expires_at: datetime | None = None
-
-    @classmethod
-    def of(cls, task: Task) -> SubmitOut:
-        return cls(
-            task_id=task.id,
-            status=task.status.value,
-            created_at=task.created_at,
-            type=task.type,
-            queue=task.queue,
-            priority=task.priority.label,
-            submitted_priority=task.submitted_priority.label if task.submitted_priority else None,
-            ready_since=task.ready_since,
-            idempotency_key=task.idempotency_key,
-            attempts=task.attempts,
-            max_attempts=task.max_attempts,
-            cancel_requested=task.cancel_requested,
-            run_at=task.visible_after,
-            started_at=task.started_at,
-            finished_at=task.finished_at,
-            worker=task.lease_owner,
-            lease_expires_at=task.lease_expires_at,
-            expires_at=task.expires_at,
         )
 
 
