@@ -48,9 +48,11 @@ class Listener:
                     self.database_url, autocommit=True, connect_timeout=10
                 )
                 async with conn:
-                    await conn.execute("LISTEN pgqueue")
                     if self._on_cancel is not None:
                         await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                    # Last, so that pg_stat_activity shows a listening worker as it always
+                    # has: query 'LISTEN pgqueue' (what operators and the tests look for).
+                    await conn.execute("LISTEN pgqueue")
                     if self._on_connect is not None:
                         # Cancels sent while we were deaf are lost: a heartbeat now brings them.
                         self._on_connect()
