@@ -608,21 +608,28 @@ SELECT f.* FROM finished AS f, woken;
 -- that answers 429 for an hour is a backlog growing old. Only below the bound: at
 -- max_snoozes no row comes back, and the caller records a failed attempt instead
 -- (task_fail), so a task cannot snooze forever. A cancellation requested meanwhile wins.
--- Fenced by the lease, as every outcome write.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
-UPDATE pgqueue.tasks AS t
-   SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
-       finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
-       visible_after = CASE WHEN t.cancel_requested THEN t.visible_after
-                            ELSE clock.now + %(after)s * interval '1 second' END,
-       ready_since = coalesce(t.ready_since, t.visible_after),
-       attempts = greatest(t.attempts - 1, 0),
-       snoozes = coalesce(t.snoozes, 0) + 1,
-       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-  FROM clock
- WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
-   AND coalesce(t.snoozes, 0) < %(max_snoozes)s
-RETURNING t.id, t.status, t.attempts, t.snoozes, t.visible_after;
+-- Fenced by the lease, as every outcome write. A task cancelled so is final: its waiters are
+-- woken (see task_waiter_add).
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+snoozed AS (
+    UPDATE pgqueue.tasks AS t
+       SET status = CASE WHEN t.cancel_requested THEN 'cancelled' ELSE 'queued' END,
+           finished_at = CASE WHEN t.cancel_requested THEN clock.now END,
+           visible_after = CASE WHEN t.cancel_requested THEN t.visible_after
+                                ELSE clock.now + %(after)s * interval '1 second' END,
+           ready_since = coalesce(t.ready_since, t.visible_after),
+           attempts = greatest(t.attempts - 1, 0),
+           snoozes = coalesce(t.snoozes, 0) + 1,
+           lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+      FROM clock
+     WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
+       AND coalesce(t.snoozes, 0) < %(max_snoozes)s
+    RETURNING t.id, t.status, t.attempts, t.snoozes, t.visible_after
+),
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
+)
+SELECT s.* FROM snoozed AS s, woken;
 
 -- name: task_heartbeat
 -- Extend the leases the caller still holds; the answer says which are still held and

@@ -330,6 +330,9 @@ def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> Tas
     elif path == "failure after cancel asked":
         pgqueue.cancel(conn, task_id)
         pgqueue.fail(conn, claimed.lease, "RuntimeError: stopped", retry_after=0)
+    elif path == "snooze after cancel asked":
+        pgqueue.cancel(conn, task_id)
+        pgqueue.snooze(conn, claimed.lease, 60)
     elif path == "sweep":
         pgqueue.sweep_expired(conn, now=datetime.now(UTC) + timedelta(hours=1))
     return pgqueue.get_task(conn, task_id).status
@@ -346,6 +349,7 @@ def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> Tas
         "failure after cancel asked",
         "sweep",
         "expiry",
+        "snooze after cancel asked",
     ],
 )
 def test_every_path_that_finishes_a_task_notifies_its_waiters(
