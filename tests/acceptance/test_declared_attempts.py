@@ -12,8 +12,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,16 +23,6 @@ import pgqueue
 pytestmark = [pytest.mark.timeout(120)]
 
 REGISTRY = "declared_handlers:tasks"
-
-
-@pytest.fixture
-def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")  # shown on failure
 
 
 def cli(database_url: str, *args: str) -> str:

@@ -33,16 +33,6 @@ pytestmark = [pytest.mark.timeout(180)]
 REGISTRY = "function_handlers:tasks"
 
 
-@pytest.fixture
-def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")  # shown on failure
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

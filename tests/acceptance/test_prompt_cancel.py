@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,16 +25,6 @@ pytestmark = [pytest.mark.timeout(180)]
 
 LEASE = ("--lease-seconds", "120", "--poll-interval", "0.2")
 PROMPT = 5.0  # seconds; the heartbeat path needs up to 40 with this lease
-
-
-@pytest.fixture
-def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")
 
 
 @pytest.fixture

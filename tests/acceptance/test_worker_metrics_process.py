@@ -11,8 +11,6 @@ from __future__ import annotations
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,16 +21,6 @@ from test_worker_processes import FAST, SIDE_TABLES, Workers, wait_until
 import pgqueue
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")  # shown on failure
 
 
 def two_free_ports() -> int:

@@ -161,16 +161,6 @@ class Workers:
                 w.proc.wait(timeout=10)
 
 
-@pytest.fixture
-def workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")  # shown on failure
-
-
 def wait_until(
     predicate: Callable[[], T],
     *,
