@@ -2,7 +2,7 @@
 
 Off by default, and then free: nothing is imported and each hook is one boolean test. It is
 on when ``PGQUEUE_TRACING`` is ``1`` (or after :func:`enable`) and ``opentelemetry-api`` is
-installed (``pip install 'pgqueue[tracing]'``); the application configures the SDK and its
+installed (``pip install 'pgqueue-jobs[tracing]'``); the application configures the SDK and its
 exporter as usual, pgqueue only creates spans on the global tracer provider.
 
 How a trace follows a task: the submit span (``pgqueue.submit TYPE``, kind PRODUCER) injects

@@ -94,7 +94,7 @@ def serve(
     except ImportError as exc:
         raise PgQueueError(
             f"the HTTP API needs its extra dependencies ({exc.name} is missing): "
-            "pip install 'pgqueue[api]'"
+            "pip install 'pgqueue-jobs[api]'"
         ) from None
     settings = ApiSettings.from_env()
     if not settings.tokens and not _is_loopback(host) and not allow_unauthenticated:

@@ -157,7 +157,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         except ImportError:
             raise ConfigurationError(
                 "--metrics-port needs the prometheus_client package: "
-                "pip install 'pgqueue[api]' (or prometheus-client)"
+                "pip install 'pgqueue-jobs[api]' (or prometheus-client)"
             ) from None
         self.port = port
         self.host = host

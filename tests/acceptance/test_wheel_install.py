@@ -1,6 +1,6 @@
 """The wheel, built from this checkout and installed into an empty virtualenv, works on its own.
 
-`pip install pgqueue && pgqueue migrate` must need no source checkout: the alembic revisions
+`pip install pgqueue-jobs && pgqueue migrate` must need no source checkout: the alembic revisions
 ship inside the wheel as ``pgqueue/_migrations`` and the named SQL as ``pgqueue/sql``. Commands
 run with the temporary directory as their working directory, so the checkout is not importable.
 """
@@ -53,10 +53,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=REPO,
     )
     assert proc.returncode == 0, (
-        "building the wheel failed (is the `build` package installed? it is in pgqueue[test])"
+        "building the wheel failed (is the `build` package installed? it is in pgqueue-jobs[test])"
         f"\n{proc.stdout}\n{proc.stderr}"
     )
-    (built,) = outdir.glob("pgqueue-*.whl")
+    (built,) = outdir.glob("pgqueue_jobs-*.whl")
     return built
 
 

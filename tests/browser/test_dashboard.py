@@ -63,7 +63,7 @@ if CHROMIUM is None:
         "(apt-get install chromium; .ci/run does) or set PGQUEUE_CHROMIUM",
         allow_module_level=True,
     )
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in pgqueue[test]")
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in pgqueue-jobs[test]")
 expect = sync_api.expect
 expect.set_options(timeout=20_000)
 
