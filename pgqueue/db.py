@@ -1,8 +1,9 @@
 """Where connections come from: the caller's, or one pgqueue opens from a URL.
 
 pgqueue never commits a connection it was given. A psycopg 3 connection is used as it is; a
-SQLAlchemy ``Session``/``Connection`` (sync or async, psycopg dialect) is unwrapped to the
-psycopg connection underneath, so the task is written in the caller's transaction.
+SQLAlchemy ``Session``/``Connection`` (sync or async, psycopg dialect; a ``scoped_session``
+stands for its current Session) is unwrapped to the psycopg connection underneath, so the
+task is written in the caller's transaction.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def sync_connection(conn: Any) -> psycopg.Connection[Any]:
         raise UnsupportedConnection("an async connection needs pgqueue.aio, not pgqueue")
     try:
         from sqlalchemy.engine import Connection as SAConnection
-        from sqlalchemy.orm import Session
+        from sqlalchemy.orm import Session, scoped_session
     except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
-        SAConnection = Session = ()  # type: ignore[assignment,misc]
+        SAConnection = Session = scoped_session = ()  # type: ignore[assignment,misc]
+    if isinstance(conn, scoped_session):  # Flask-SQLAlchemy's db.session, for one
+        conn = conn()  # the current scope's Session
     if isinstance(conn, Session):
         conn = conn.connection()
     if isinstance(conn, SAConnection):
@@ -64,8 +67,10 @@ async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
     if isinstance(conn, psycopg.Connection):
         raise UnsupportedConnection("a sync connection needs pgqueue, not pgqueue.aio")
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
-    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
+    if isinstance(conn, async_scoped_session):
+        conn = conn()  # the current scope's AsyncSession
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()
     if isinstance(conn, SAAsyncConnection):

@@ -154,7 +154,10 @@
         ...options,
         headers,
         cache: "no-store",
-        credentials: "omit",
+        // With this origin's own credentials: mounted in a host app behind its login (HTTP
+        // Basic, a session cookie), the data calls pass it as the page did. Pages of other
+        // sites cannot use it: the server refuses their writes (Sec-Fetch-Site, Origin).
+        credentials: "same-origin",
       });
     } catch (err) {
       throw new HttpError(0, "the server did not answer");

@@ -15,8 +15,13 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import (
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import pgqueue
 import pgqueue.aio
@@ -157,6 +162,31 @@ def test_sqlalchemy_session_commit_keeps_the_task(database_url, conn, orders):
     assert count_orders(conn) == 1
 
 
+def test_sqlalchemy_scoped_session_commits_and_rolls_back_the_task(database_url, conn, orders):
+    """A scoped_session (Flask-SQLAlchemy's ``db.session``) is the registry of the current
+    thread's Session: pgqueue works in that Session's transaction."""
+    engine = create_engine(sqlalchemy_url(database_url))
+    session = scoped_session(sessionmaker(engine))
+    try:
+        session.execute(text("INSERT INTO orders (id) VALUES (1)"))
+        discarded = pgqueue.enqueue(session, "send_receipt", {"order_id": 1})
+        assert pgqueue.get_task(session, discarded.id).id == discarded.id
+        session.rollback()
+
+        session.execute(text("INSERT INTO orders (id) VALUES (2)"))
+        kept = pgqueue.enqueue(session, "send_receipt", {"order_id": 2})
+        session.commit()
+        # After the commit the session can wait too (queued: no worker runs here).
+        with pytest.raises(pgqueue.WaitTimeout):
+            pgqueue.wait(session, kept.id, timeout=0.2)
+    finally:
+        session.remove()
+        engine.dispose()
+
+    assert [t.id for t in pgqueue.list_tasks(conn)] == [kept.id]
+    assert conn.execute("SELECT array_agg(id) FROM orders").fetchone()[0] == [2]
+
+
 def test_sqlalchemy_connection_begin_block_commits_the_task(database_url, conn):
     engine = create_engine(sqlalchemy_url(database_url))
     try:
@@ -257,6 +287,33 @@ def test_sqlalchemy_async_session_rollback_discards_and_commit_keeps(database_ur
 
     assert [t.id for t in pgqueue.list_tasks(conn)] == [kept.id]
     assert pgqueue.get_task(conn, kept.id).payload == {"order_id": 2}
+    with pytest.raises(pgqueue.TaskNotFound):
+        pgqueue.get_task(conn, discarded.id)
+    assert conn.execute("SELECT array_agg(id) FROM orders").fetchone()[0] == [2]
+
+
+def test_sqlalchemy_async_scoped_session_commits_and_rolls_back_the_task(
+    database_url, conn, orders
+):
+    async def scenario():
+        engine = create_async_engine(sqlalchemy_url(database_url))
+        session = async_scoped_session(async_sessionmaker(engine), scopefunc=asyncio.current_task)
+        try:
+            await session.execute(text("INSERT INTO orders (id) VALUES (1)"))
+            discarded = await pgqueue.aio.enqueue(session, "send_receipt", {"order_id": 1})
+            await session.rollback()
+
+            await session.execute(text("INSERT INTO orders (id) VALUES (2)"))
+            kept = await pgqueue.aio.enqueue(session, "send_receipt", {"order_id": 2})
+            await session.commit()
+            return discarded, kept
+        finally:
+            await session.remove()
+            await engine.dispose()
+
+    discarded, kept = asyncio.run(scenario())
+
+    assert [t.id for t in pgqueue.list_tasks(conn)] == [kept.id]
     with pytest.raises(pgqueue.TaskNotFound):
         pgqueue.get_task(conn, discarded.id)
     assert conn.execute("SELECT array_agg(id) FROM orders").fetchone()[0] == [2]

@@ -218,6 +218,38 @@ def test_the_location_carries_the_mount_prefix(db_url, serve):
     assert api.client.get(location).json()["type"] == "mounted"
 
 
+@pytest.mark.parametrize("how", ["named", "wrapped"])
+def test_the_location_carries_the_prefix_of_a_named_or_wrapped_mount(db_url, serve, how):
+    """Starlette's url_for starts from the outermost router: a mount given a name
+    (``app.mount("/queue", api, name="queue")``) or wrapped in an ASGI middleware of the
+    host app (its own login) hides the API's routes from it. The submit must not fail."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    class Passthrough:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            await self.app(scope, receive, send)
+
+    api_app = create_app(ApiSettings(database_url=db_url))
+    mount = (
+        Mount("/queue", api_app, name="queue")
+        if how == "named"
+        else Mount("/queue", Passthrough(api_app))
+    )
+    outer = Starlette(routes=[mount])
+    api = serve(outer)
+
+    response = api.client.post("/queue/api/v1/tasks", json={"type": "mounted"})
+
+    assert response.status_code == 202, response.text
+    location = response.headers["Location"]
+    assert location == f"/queue/api/v1/tasks/{response.json()['task_id']}"
+    assert api.client.get(location).json()["type"] == "mounted"
+
+
 # --- 3. Content-Type ------------------------------------------------------------------------
 
 

@@ -116,8 +116,11 @@ async def submit(
     if not result.created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
-    # A path, under the app's mount prefix or root_path when it has one.
-    response.headers["Location"] = request.url_for("get_task", task_id=str(result.task.id)).path
+    # A path, under the app's mount prefix or root_path when it has one. Looked up in this
+    # app's own routes: request.url_for starts from the outermost router, which cannot see
+    # them through a named mount or one wrapped in the host app's middleware (its login).
+    path = request.app.url_path_for("get_task", task_id=str(result.task.id))
+    response.headers["Location"] = request.scope.get("root_path", "").rstrip("/") + path
     return SubmitOut.of(result.task)
 
 

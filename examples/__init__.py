@@ -1,0 +1,1 @@
+"""Example applications using pgqueue (not part of the package; tested in tests/examples)."""
