@@ -229,7 +229,7 @@ def test_metrics_port_without_prometheus_client_fails_saying_what_to_install(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
-    with pytest.raises(ConfigurationError, match=r"prometheus_client.*pgqueue\[api\]"):
+    with pytest.raises(ConfigurationError, match=r"prometheus_client.*pgqueue-jobs\[api\]"):
         Worker(TaskRegistry(), database_url, config())
 
 
