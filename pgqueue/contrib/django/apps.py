@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 
 
-class PgQueueConfig(AppConfig):
+class PgQueueConfig(AppConfig):  # type: ignore[misc]
     name = "pgqueue.contrib.django"
     label = "pgqueue"
     verbose_name = "pgqueue"

@@ -35,9 +35,8 @@ from django.utils.module_loading import import_string
 from pgqueue import operations
 from pgqueue.contrib.django.database import django_connection
 from pgqueue.errors import TaskNotFound
-from pgqueue.models import Priority
+from pgqueue.models import Priority, TaskStatus
 from pgqueue.models import Task as PgTask
-from pgqueue.models import TaskStatus
 
 DEFAULT_DATABASE = "default"
 
@@ -98,8 +97,7 @@ def django_task(pg: PgTask, alias: str) -> Task:
         found = import_string(pg.type)
     except ImportError as exc:
         raise ValueError(
-            f"task {pg.id} ({pg.type}, attempt {pg.attempts}): cannot import its Django "
-            f"task: {exc}"
+            f"task {pg.id} ({pg.type}, attempt {pg.attempts}): cannot import its Django task: {exc}"
         ) from None
     if not isinstance(found, Task):
         raise ValueError(

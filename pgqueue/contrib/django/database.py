@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from psycopg.adapt import Loader
+from psycopg.abc import Loader
 from psycopg.pq import Format
 from psycopg.types.json import JsonbLoader
 

@@ -160,13 +160,17 @@ class DjangoTaskRegistry(TaskRegistry):
             kind = value.__class__.__name__
             return self._failing(type, f"{type} is a {kind}, not a Django task")
         if not isinstance(value.get_backend(), PgQueueBackend):
-            return self._failing(type, f"{type} uses the task backend {value.backend!r}, not pgqueue's")
+            return self._failing(
+                type, f"{type} uses the task backend {value.backend!r}, not pgqueue's"
+            )
         self.add(value)
         return super().get(type)
 
     def _failing(self, type: str, message: str) -> Handler:
         logger.warning("%s", message)
-        return Handler(type=type, fn=_failing_handler(message), is_async=False, retry=None, timeout=None)
+        return Handler(
+            type=type, fn=_failing_handler(message), is_async=False, retry=None, timeout=None
+        )
 
 
 def worker_registry() -> DjangoTaskRegistry:
