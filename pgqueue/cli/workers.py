@@ -28,16 +28,15 @@ commands = typer.Typer()
 RegistryArg = Annotated[
     str | None,
     typer.Argument(
-        help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry (e.g. app.tasks:tasks)."
+        help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry "
+        "(e.g. app.tasks:tasks); or --django."
     ),
 ]
 DjangoOption = Annotated[
     bool,
     typer.Option(
         "--django",
-        help="Run the Django project's tasks (pgqueue.contrib.django's backend) with Django "
-        "set up from DJANGO_SETTINGS_MODULE, instead of a registry; the database defaults "
-        "to the project's.",
+        help="Run the Django project's tasks (DJANGO_SETTINGS_MODULE) instead of a registry.",
     ),
 ]
 QueuesOption = Annotated[

@@ -18,6 +18,8 @@ from pgqueue import migrate
 
 PROJECT = Path(__file__).resolve().parent / "project"
 
+pytest.importorskip("django.tasks", reason="Django 6 (Python 3.12+): .ci/django runs these")
+
 
 def manage(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
