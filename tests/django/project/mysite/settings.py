@@ -42,3 +42,13 @@ TASKS = {
         "OPTIONS": {"DATABASE": "default", "MAX_ATTEMPTS": 2},
     }
 }
+
+# bench/django_compare.py runs the same project on django-tasks-db, the reference backend.
+if os.environ.get("SHOP_TASKS_BACKEND") == "django-tasks-db":
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_tasks_db.DatabaseBackend",
+            "QUEUES": ["default", "ordered"],
+        }
+    }

@@ -46,3 +46,17 @@ def charge(key: str) -> None:
 @task(queue_name="ordered")
 def record(label: str) -> str:
     return label
+
+
+@task
+def noop() -> None:
+    """For bench/django_compare.py's throughput."""
+
+
+@task
+def nap(seconds: float) -> float:
+    """For bench/django_compare.py's kill -9: a task that is running when its worker dies."""
+    import time
+
+    time.sleep(seconds)
+    return seconds
