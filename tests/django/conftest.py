@@ -1,7 +1,8 @@
 """A real Django project (tests/django/project) on pgqueue's Tasks backend, on real PostgreSQL,
 with real worker processes (``python manage.py pgqueue_worker``, ``pgqueue worker --django``).
 
-Django 6 (``django.tasks``) needs Python 3.12+. Without it these tests skip, unless
+Django 6 (``django.tasks``) needs Python 3.12+; Django 5.2 with the ``django-tasks`` backport
+works too. Without either these tests skip, unless
 ``PGQUEUE_REQUIRE_DJANGO`` is set (``.ci/django`` sets it), when they fail instead.
 
 The project is set up once per test run, in this process (Django cannot be set up twice),
@@ -25,15 +26,15 @@ import pytest
 
 PROJECT = Path(__file__).resolve().parent / "project"
 
-_HAVE_DJANGO_TASKS = (
-    importlib.util.find_spec("django") is not None
-    and importlib.util.find_spec("django.tasks") is not None
+_HAVE_DJANGO_TASKS = importlib.util.find_spec("django") is not None and (
+    importlib.util.find_spec("django.tasks") is not None
+    or importlib.util.find_spec("django_tasks") is not None
 )
 if not _HAVE_DJANGO_TASKS and os.environ.get("PGQUEUE_REQUIRE_DJANGO"):
     raise RuntimeError(
-        "PGQUEUE_REQUIRE_DJANGO is set (as .ci/django sets it) but Django 6 (django.tasks) "
-        f"is not installed for {sys.executable}: pip install 'pgqueue-jobs[django]' on "
-        "Python 3.12+"
+        "PGQUEUE_REQUIRE_DJANGO is set (as .ci/django sets it) but neither Django 6 "
+        f"(django.tasks) nor the django-tasks backport is installed for {sys.executable}: "
+        "pip install 'pgqueue-jobs[django]' on Python 3.12+"
     )
 
 

@@ -24,15 +24,19 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from pgqueue import operations
+from pgqueue.contrib.django.compat import (
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
 from pgqueue.contrib.django.database import django_connection
 from pgqueue.errors import TaskNotFound
 from pgqueue.models import Priority, TaskStatus

@@ -25,14 +25,21 @@ from typing import Any
 
 from django.apps import apps
 from django.db import close_old_connections
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from pgqueue.config import ENV_DATABASE_URL
 from pgqueue.contrib.django.backend import PgQueueBackend
+from pgqueue.contrib.django.compat import (
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
 from pgqueue.contrib.django.database import database_url
 from pgqueue.executor import TaskContext as PgContext
 from pgqueue.registry import Handler, TaskRegistry

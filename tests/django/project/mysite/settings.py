@@ -7,6 +7,8 @@ own); everything else is what a project would write.
 import os
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import django
+
 _url = urlsplit(os.environ.get("DJANGO_DATABASE_URL", "postgresql://postgres@127.0.0.1/shop"))
 
 SECRET_KEY = "tests-only"
@@ -22,6 +24,8 @@ INSTALLED_APPS = [
     "pgqueue.contrib.django",
     "shop",
 ]
+if django.VERSION < (6,):  # Django 5.2: the django-tasks backport is the Tasks framework
+    INSTALLED_APPS.insert(0, "django_tasks")
 
 DATABASES = {
     "default": {

@@ -1,6 +1,9 @@
 """The shop's tasks: Django's own ``@task``, nothing of pgqueue's."""
 
-from django.tasks import TaskContext, task
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2 with the django-tasks backport
+    from django_tasks import TaskContext, task
 
 from shop.models import Order
 

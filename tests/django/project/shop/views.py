@@ -1,7 +1,7 @@
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
-from django.tasks.exceptions import TaskResultDoesNotExist
 
+from pgqueue.contrib.django.compat import TaskResultDoesNotExist
 from shop.models import Order
 from shop.tasks import process_order
 
