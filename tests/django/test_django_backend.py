@@ -267,3 +267,19 @@ def test_an_unknown_result_id_does_not_exist(django_database_url: str) -> None:
     for result_id in ("not-a-task-id", "00000000-0000-0000-0000-000000000000"):
         with pytest.raises(TaskResultDoesNotExist):
             task_backends["default"].get_result(result_id)
+
+
+def test_the_worker_closes_a_tasks_django_connection_after_it(
+    worker: DjangoWorker, pg: Any
+) -> None:
+    """CONN_MAX_AGE is 0 (Django's default): a view's connection is closed when its request
+    ends, and a task's when it ends, rather than kept by the worker's thread for good."""
+    from shop.tasks import backend_pid
+
+    pid = finished(backend_pid, backend_pid.enqueue().id).return_value
+
+    def closed() -> bool:
+        row = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return row.fetchone()[0] == 0
+
+    wait_until(closed, DEADLINE, f"the task's Django connection (backend {pid}) to close")

@@ -63,3 +63,14 @@ def nap(seconds: float) -> float:
 
     time.sleep(seconds)
     return seconds
+
+
+@task
+def backend_pid() -> int:
+    """The PostgreSQL backend of the worker thread's Django connection: the test checks that
+    the worker closes it after the task (CONN_MAX_AGE = 0), as Django does after a request."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
