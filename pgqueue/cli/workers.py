@@ -26,9 +26,17 @@ commands = typer.Typer()
 
 # The options, declared here so that the command's signature reads as the list it is.
 RegistryArg = Annotated[
-    str,
+    str | None,
     typer.Argument(
-        help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry (e.g. app.tasks:tasks)."
+        help="Your handlers: MODULE:ATTRIBUTE naming a pgqueue.TaskRegistry "
+        "(e.g. app.tasks:tasks); or --django."
+    ),
+]
+DjangoOption = Annotated[
+    bool,
+    typer.Option(
+        "--django",
+        help="Run the Django project's tasks (DJANGO_SETTINGS_MODULE) instead of a registry.",
     ),
 ]
 QueuesOption = Annotated[
@@ -138,7 +146,8 @@ class WorkerOptions:
 
 @commands.command()
 def worker(
-    registry: RegistryArg,
+    registry: RegistryArg = None,
+    django: DjangoOption = False,
     queue: QueuesOption = None,
     concurrency: ConcurrencyOption = 10,
     processes: ProcessesOption = 1,
@@ -189,11 +198,38 @@ def worker(
     )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
-    url = state.url()
-    tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
+    if django == (registry is not None):
+        raise typer.BadParameter(
+            "give a registry (MODULE:ATTRIBUTE) or --django, one of the two",
+            param_hint="'REGISTRY'",
+        )
+    if registry is None:
+        tasks, url = _django_tasks()
+        if queue is None:
+            options = dataclasses.replace(options, queues=_django_queues())
+    else:
+        url = state.url()
+        tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
         raise typer.Exit(_supervise(registry, processes, options, url))
     _run(tasks, url, options)
+
+
+def _django_tasks() -> tuple[TaskRegistry, str]:
+    """Django set up, its project's tasks, and the database to work on: --database-url or
+    PGQUEUE_DATABASE_URL, else the Django database the backend enqueues on."""
+    from pgqueue.contrib.django.setup import setup_django
+
+    setup_django()
+    from pgqueue.contrib.django.worker import worker_database_url, worker_registry
+
+    return worker_registry(), worker_database_url(state.database_url)
+
+
+def _django_queues() -> list[str]:
+    from pgqueue.contrib.django.worker import queues
+
+    return queues()
 
 
 def _check_metrics_ports(metrics_port: int | None, processes: int) -> None:
@@ -206,9 +242,11 @@ def _check_metrics_ports(metrics_port: int | None, processes: int) -> None:
         )
 
 
-def _child_argv(registry: str, options: WorkerOptions) -> list[str]:
-    """The command line of one supervised child: these options, one process each."""
-    argv = [sys.executable, "-m", "pgqueue", "worker", registry, "--processes", "1"]
+def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
+    """The command line of one supervised child: these options, one process each (a
+    registry of None: --django)."""
+    target = "--django" if registry is None else registry
+    argv = [sys.executable, "-m", "pgqueue", "worker", target, "--processes", "1"]
     for name, value in (
         ("--concurrency", options.concurrency),
         ("--lease-seconds", options.lease_seconds),
@@ -233,7 +271,7 @@ def _child_argv(registry: str, options: WorkerOptions) -> list[str]:
     return argv
 
 
-def _supervise(registry: str, processes: int, options: WorkerOptions, url: str) -> int:
+def _supervise(registry: str | None, processes: int, options: WorkerOptions, url: str) -> int:
     """Run ``processes`` children until they stop; the supervisor's exit code."""
     from pgqueue.supervisor import Supervisor
 
