@@ -10,8 +10,6 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg.conninfo
-
 from pgqueue.errors import ConfigurationError, InvalidDatabaseURL
 
 ENV_DATABASE_URL = "PGQUEUE_DATABASE_URL"
@@ -94,6 +92,8 @@ def validate_database_url(url: str) -> str:
         raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {exc}") from None
     if port == 0:
         raise InvalidDatabaseURL(f"database URL {redact(url)!r}: port 0 is not valid")
+    import psycopg  # here, not above: `pgqueue --help` reads this module and needs no driver
+
     try:
         psycopg.conninfo.conninfo_to_dict(normalised)
     except psycopg.ProgrammingError as exc:
