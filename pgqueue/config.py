@@ -23,6 +23,11 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_QUEUE = "default"
 MAX_NAME_LENGTH = 200
 
+# The most tasks one call reads or changes (a list, a replay batch): one statement, one
+# round trip, bounded. Here, not in operations.py, so that the CLI can declare its options
+# with it without importing the library (and psycopg) for `--help`.
+MAX_BATCH = 10_000
+
 _SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg_async")
 
 

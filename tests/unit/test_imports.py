@@ -33,7 +33,7 @@ HEAVY = {
 COMMAND_MODULES = {f"pgqueue.cli.{entry.module}" for entry in root.TREE}
 
 
-def _imports(*args: str) -> set[str]:
+def _imports(*args: str, code: int = 0) -> set[str]:
     proc = subprocess.run(
         [sys.executable, *args],
         capture_output=True,
@@ -41,7 +41,7 @@ def _imports(*args: str) -> set[str]:
         timeout=120,
         env=clean_env(**IMPORT_TIMES),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == code, proc.stderr[-3000:]
     modules = imported_modules(proc.stderr)
     assert "pgqueue" in modules, "the probe saw no import at all"
     return modules
@@ -83,8 +83,18 @@ def test_the_worker_is_loaded_when_it_is_used() -> None:
     ("args", "loaded", "absent"),
     [
         (["--help"], set(), {*HEAVY, *COMMAND_MODULES, "psycopg", "pgqueue.operations"}),
-        (["status", "x", "--help"], {"pgqueue.cli.tasks"}, HEAVY | {"pgqueue.cli.workers"}),
-        (["enqueue", "--help"], {"pgqueue.cli.tasks"}, HEAVY | {"pgqueue.cli.dead_letters"}),
+        # The task commands' help (and usage errors) need no driver: psycopg is imported
+        # when a command connects.
+        (
+            ["status", "x", "--help"],
+            {"pgqueue.cli.tasks"},
+            HEAVY | {"pgqueue.cli.workers", "psycopg"},
+        ),
+        (
+            ["enqueue", "--help"],
+            {"pgqueue.cli.tasks"},
+            HEAVY | {"pgqueue.cli.dead_letters", "psycopg"},
+        ),
         (["dlq", "list", "--help"], {"pgqueue.cli.dead_letters"}, HEAVY | {"pgqueue.cli.tasks"}),
         (["worker", "--help"], {"pgqueue.cli.workers"}, HEAVY | {"pgqueue.cli.serve"}),
         (["serve", "--help"], {"pgqueue.cli.serve"}, HEAVY | {"pgqueue.cli.workers"}),
@@ -96,6 +106,12 @@ def test_each_command_imports_its_own_module_only(
     modules = _imports("-m", "pgqueue", *args)
     assert among(modules, absent) == []
     assert among(modules, loaded) == sorted(loaded)
+
+
+def test_a_usage_error_is_reported_without_loading_the_driver() -> None:
+    modules = _imports("-m", "pgqueue", "status", code=2)  # TASK_ID missing
+    assert among(modules, {*HEAVY, "psycopg"}) == []
+    assert "pgqueue.cli.tasks" in modules
 
 
 def test_the_listing_of_each_command_is_its_help_first_paragraph() -> None:
