@@ -11,98 +11,259 @@ Submit work in your own transaction::
 
 Async code uses the same functions from ``pgqueue.aio``. Scripts without a transaction of
 their own use ``pgqueue.Client(url)``.
+
+Importing the package loads nothing but this file: each name is imported from its module the
+first time it is used (PEP 562), so that ``import pgqueue`` (and every ``pgqueue`` command,
+whose package this is) pays only for what it touches. ``pgqueue.Worker`` is the worker and
+its dependencies; ``pgqueue.enqueue`` the core and psycopg; neither loads the other.
 """
 
-from pgqueue.client import Client
-from pgqueue.cron import Schedule
-from pgqueue.enqueue import prepare
-from pgqueue.errors import (
-    ConfigurationError,
-    DatabaseUnavailable,
-    IdempotencyConflict,
-    InvalidArgument,
-    InvalidDatabaseURL,
-    InvalidPayload,
-    InvalidPriority,
-    InvalidResult,
-    InvalidTaskState,
-    LeaseLost,
-    PayloadTooLarge,
-    PgQueueError,
-    QueueNotFound,
-    ResultTooLarge,
-    SchemaNotReady,
-    TaskNotFound,
-    UnsupportedConnection,
-    ValidationError,
-    WaitInTransaction,
-    WaitTimeout,
-)
-from pgqueue.executor import TaskContext
-from pgqueue.function_tasks import TaskFunction
-from pgqueue.handle import TaskHandle
-from pgqueue.models import (
-    ClaimedTask,
-    EnqueueResult,
-    FailOutcome,
-    FailResult,
-    KeyReuse,
-    Lease,
-    Limit,
-    LimitKind,
-    OldestSnapshot,
-    Priority,
-    QueueBacklog,
-    QueueState,
-    QueueStats,
-    QueueThroughput,
-    RetryPolicy,
-    SweepResult,
-    Task,
-    TaskStatus,
-)
-from pgqueue.operations import (
-    backlog,
-    cancel,
-    cancel_leased,
-    check_arguments,
-    claim,
-    clear_limit,
-    complete,
-    complete_many,
-    count_dead_letters,
-    discard,
-    enqueue,
-    enqueue_many,
-    fail,
-    get_task,
-    heartbeat,
-    list_limits,
-    list_queues,
-    list_schedules,
-    list_tasks,
-    oldest_snapshot,
-    overview,
-    pause_queue,
-    promote_aged,
-    prune,
-    queue_stats,
-    recent_failures,
-    release,
-    remove_queue,
-    replay,
-    resume_queue,
-    run_schedule,
-    set_limit,
-    set_queue_retention,
-    sweep_expired,
-    throughput,
-    throughput_series,
-    wait,
-)
-from pgqueue.registry import Cancel, Retry, TaskRegistry
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING
+
 from pgqueue.version import __version__
-from pgqueue.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __getattr__
+    from pgqueue.client import Client
+    from pgqueue.cron import Schedule
+    from pgqueue.enqueue import prepare
+    from pgqueue.errors import (
+        ConfigurationError,
+        DatabaseUnavailable,
+        IdempotencyConflict,
+        InvalidArgument,
+        InvalidDatabaseURL,
+        InvalidPayload,
+        InvalidPriority,
+        InvalidResult,
+        InvalidTaskState,
+        LeaseLost,
+        PayloadTooLarge,
+        PgQueueError,
+        QueueNotFound,
+        ResultTooLarge,
+        SchemaNotReady,
+        TaskNotFound,
+        UnsupportedConnection,
+        ValidationError,
+        WaitInTransaction,
+        WaitTimeout,
+    )
+    from pgqueue.executor import TaskContext
+    from pgqueue.function_tasks import TaskFunction
+    from pgqueue.handle import TaskHandle
+    from pgqueue.models import (
+        ClaimedTask,
+        EnqueueResult,
+        FailOutcome,
+        FailResult,
+        KeyReuse,
+        Lease,
+        Limit,
+        LimitKind,
+        OldestSnapshot,
+        Priority,
+        QueueBacklog,
+        QueueState,
+        QueueStats,
+        QueueThroughput,
+        RetryPolicy,
+        SnoozeResult,
+        SweepResult,
+        Task,
+        TaskStatus,
+    )
+    from pgqueue.operations import (
+        backlog,
+        cancel,
+        cancel_leased,
+        check_arguments,
+        claim,
+        clear_limit,
+        complete,
+        complete_many,
+        count_dead_letters,
+        discard,
+        enqueue,
+        enqueue_many,
+        expire,
+        fail,
+        get_task,
+        heartbeat,
+        list_limits,
+        list_queues,
+        list_schedules,
+        list_tasks,
+        oldest_snapshot,
+        overview,
+        pause_queue,
+        promote_aged,
+        prune,
+        queue_stats,
+        recent_failures,
+        release,
+        remove_queue,
+        replay,
+        resume_queue,
+        run_schedule,
+        set_limit,
+        set_queue_retention,
+        snooze,
+        sweep_expired,
+        throughput,
+        throughput_series,
+        wait,
+    )
+    from pgqueue.registry import Cancel, Retry, Snooze, TaskRegistry
+    from pgqueue.worker import Worker, WorkerConfig
+
+# Where each public name lives, by module; read by __getattr__.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "pgqueue.client": ("Client",),
+    "pgqueue.cron": ("Schedule",),
+    "pgqueue.enqueue": ("prepare",),
+    "pgqueue.errors": (
+        "ConfigurationError",
+        "DatabaseUnavailable",
+        "IdempotencyConflict",
+        "InvalidArgument",
+        "InvalidDatabaseURL",
+        "InvalidPayload",
+        "InvalidPriority",
+        "InvalidResult",
+        "InvalidTaskState",
+        "LeaseLost",
+        "PayloadTooLarge",
+        "PgQueueError",
+        "QueueNotFound",
+        "ResultTooLarge",
+        "SchemaNotReady",
+        "TaskNotFound",
+        "UnsupportedConnection",
+        "ValidationError",
+        "WaitInTransaction",
+        "WaitTimeout",
+    ),
+    "pgqueue.executor": ("TaskContext",),
+    "pgqueue.function_tasks": ("TaskFunction",),
+    "pgqueue.handle": ("TaskHandle",),
+    "pgqueue.models": (
+        "ClaimedTask",
+        "EnqueueResult",
+        "FailOutcome",
+        "FailResult",
+        "KeyReuse",
+        "Lease",
+        "Limit",
+        "LimitKind",
+        "OldestSnapshot",
+        "Priority",
+        "QueueBacklog",
+        "QueueState",
+        "QueueStats",
+        "QueueThroughput",
+        "RetryPolicy",
+        "SweepResult",
+        "Task",
+        "TaskStatus",
+        "SnoozeResult",
+    ),
+    "pgqueue.operations": (
+        "backlog",
+        "cancel",
+        "cancel_leased",
+        "check_arguments",
+        "claim",
+        "clear_limit",
+        "complete",
+        "complete_many",
+        "count_dead_letters",
+        "discard",
+        "enqueue",
+        "enqueue_many",
+        "fail",
+        "get_task",
+        "heartbeat",
+        "list_limits",
+        "list_queues",
+        "list_schedules",
+        "list_tasks",
+        "oldest_snapshot",
+        "overview",
+        "pause_queue",
+        "promote_aged",
+        "prune",
+        "queue_stats",
+        "recent_failures",
+        "release",
+        "remove_queue",
+        "replay",
+        "resume_queue",
+        "run_schedule",
+        "set_limit",
+        "set_queue_retention",
+        "sweep_expired",
+        "throughput",
+        "throughput_series",
+        "wait",
+        "expire",
+        "snooze",
+    ),
+    "pgqueue.registry": (
+        "Cancel",
+        "Retry",
+        "TaskRegistry",
+        "Snooze",
+    ),
+    "pgqueue.worker": (
+        "Worker",
+        "WorkerConfig",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use and kept here after that; a
+    submodule (``pgqueue.operations``), as the eager package made them available."""
+    home = _HOME_OF.get(name)
+    if home is not None:
+        value = getattr(_load(home), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return _load(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _load(module: str) -> types.ModuleType:
+    """``module``, imported as an import statement would (``importlib.import_module`` would
+    hide it and its cost from ``python -X importtime``, the measure these imports are for)."""
+    __import__(module)
+    return sys.modules[module]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Facade(types.ModuleType):
+    """Keeps a public name from being shadowed by the submodule of the same name: importing
+    ``pgqueue/enqueue.py`` binds ``pgqueue.enqueue`` to that module, which the eager package
+    then rebound to the function; lazily, nothing would."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _HOME_OF and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Facade
+
 
 __all__ = [
     "Cancel",
@@ -195,8 +356,4 @@ __all__ = [
 ]
 
 # Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.
-from pgqueue.models import SnoozeResult
-from pgqueue.operations import expire, snooze
-from pgqueue.registry import Snooze
-
 __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]

@@ -16,7 +16,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgqueue import operations
+from pgqueue import migrate, operations
 from pgqueue.config import redact, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.models import Task
@@ -52,8 +52,6 @@ class Client:
     def _get_pool(self) -> ConnectionPool[Any]:
         with self._lock:
             if self._pool is None:
-                from pgqueue import migrate  # alembic is slow to import; only needed here
-
                 migrate.check(self.database_url)
                 pool: ConnectionPool[Any] = ConnectionPool(
                     self.database_url,

@@ -10,8 +10,6 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg.conninfo
-
 from pgqueue.errors import ConfigurationError, InvalidDatabaseURL
 
 ENV_DATABASE_URL = "PGQUEUE_DATABASE_URL"
@@ -24,6 +22,11 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 DEFAULT_QUEUE = "default"
 MAX_NAME_LENGTH = 200
+
+# The most tasks one call reads or changes (a list, a replay batch): one statement, one
+# round trip, bounded. Here, not in operations.py, so that the CLI can declare its options
+# with it without importing the library (and psycopg) for `--help`.
+MAX_BATCH = 10_000
 
 _SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg_async")
 
@@ -94,6 +97,8 @@ def validate_database_url(url: str) -> str:
         raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {exc}") from None
     if port == 0:
         raise InvalidDatabaseURL(f"database URL {redact(url)!r}: port 0 is not valid")
+    import psycopg  # here, not above: `pgqueue --help` reads this module and needs no driver
+
     try:
         psycopg.conninfo.conninfo_to_dict(normalised)
     except psycopg.ProgrammingError as exc:

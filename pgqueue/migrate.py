@@ -1,29 +1,32 @@
-"""Running pgqueue's alembic revisions from code.
+"""Running pgqueue's alembic revisions from code, and checking a database's schema without.
 
 The revisions ship inside the package (``pgqueue/_migrations`` in a wheel, ``migrations/`` in
 a checkout) and record their version in ``pgqueue.pgqueue_alembic_version``, apart from any
 alembic history the application keeps. An application with its own alembic can call
 :func:`upgrade` with its migration's connection (``op.get_bind()``) from one of its revisions.
+
+Only :func:`upgrade` and :func:`downgrade` import alembic and SQLAlchemy (1.2 s together):
+the check every worker, every ``Client`` and every command makes before its first statement
+(:func:`check`, :func:`current`, :func:`head`) reads the version with psycopg and knows the
+revisions from their files' ``revision = ...`` lines, which a test compares with alembic's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Connection
-from sqlalchemy.pool import NullPool
-
-from pgqueue import db
+from pgqueue import db, queries
 from pgqueue.config import resolve_database_url
 from pgqueue.errors import SchemaNotReady
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection
 
 SCHEMA = "pgqueue"
 VERSION_TABLE = "pgqueue_alembic_version"
@@ -38,6 +41,8 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     if connection is not None:
@@ -45,21 +50,38 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return cfg
 
 
+# A revision file's own lines: `revision = "0002_queues"`, `down_revision = "0001_tasks"` (or
+# None), as script.py.mako writes them (an annotation, `revision: str = ...`, is allowed too).
+_IDENTITY = re.compile(
+    r"""^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(?:["']([^"'\n]+)["']|None)\s*$""", re.M
+)
+
+
+@functools.cache
+def revisions() -> dict[str, str | None]:
+    """Each revision this pgqueue ships, and the one it revises (None for the first)."""
+    out: dict[str, str | None] = {}
+    for path in sorted((migrations_dir() / "versions").glob("*.py")):
+        fields = {m[1]: m[2] for m in _IDENTITY.finditer(path.read_text(encoding="utf-8"))}
+        if fields.get("revision"):
+            out[fields["revision"]] = fields.get("down_revision")
+    return out
+
+
 def head() -> str:
-    """The newest revision this version of pgqueue knows."""
-    script = ScriptDirectory.from_config(alembic_config())
-    rev = script.get_current_head()
-    assert rev is not None
-    return rev
+    """The newest revision this version of pgqueue knows: the one no other revises."""
+    known_revisions = revisions()
+    heads = set(known_revisions) - set(known_revisions.values())
+    if len(heads) != 1:
+        raise SchemaNotReady(
+            f"pgqueue's migrations in {migrations_dir()} have {len(heads)} heads, not one"
+        )
+    return heads.pop()
 
 
 def known(revision: str) -> bool:
     """Whether this version of pgqueue has ``revision`` among its migrations."""
-    script = ScriptDirectory.from_config(alembic_config())
-    try:
-        return script.get_revision(revision) is not None
-    except Exception:  # alembic's CommandError/ResolutionError for an unknown id
-        return False
+    return revision in revisions()
 
 
 def unknown_revision(at: str) -> SchemaNotReady:
@@ -71,6 +93,10 @@ def unknown_revision(at: str) -> SchemaNotReady:
 
 
 def _with_connection(target: Connection | str | None, fn: Any) -> Any:
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.pool import NullPool
+
     if isinstance(target, Connection):
         return fn(target)
     url = resolve_database_url(target)
@@ -87,20 +113,15 @@ def _with_connection(target: Connection | str | None, fn: Any) -> Any:
 
 
 def current(target: Connection | str | None = None) -> str | None:
-    """The revision the database is at, or None when pgqueue was never migrated there."""
+    """The revision the database is at, or None when pgqueue was never migrated there.
 
-    def read(conn: Connection) -> str | None:
-        exists = conn.execute(
-            text("SELECT to_regclass(:name)"), {"name": f"{SCHEMA}.{VERSION_TABLE}"}
-        ).scalar()
-        if exists is None:
-            return None
-        ctx = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE, "version_table_schema": SCHEMA}
-        )
-        return ctx.get_current_revision()
-
-    return _with_connection(target, read)  # type: ignore[no-any-return]
+    ``target`` is a URL (default: the configured one), read on a connection of its own, or
+    an application's SQLAlchemy connection (an alembic revision's ``op.get_bind()``), read in
+    its transaction."""
+    if target is not None and not isinstance(target, str):
+        return queries.run(target, queries.schema_revision())
+    with db.connect(resolve_database_url(target), autocommit=True) as conn:
+        return queries.run(conn, queries.schema_revision())
 
 
 @contextlib.contextmanager
@@ -132,6 +153,8 @@ def upgrade(target: Connection | str | None = None, revision: str = "head") -> N
     From an application's own alembic revision: ``pgqueue.migrate.upgrade(op.get_bind())``.
     """
 
+    from alembic import command
+
     def run(conn: Connection) -> None:
         with _preserve_callers_alembic():
             command.upgrade(alembic_config(conn), revision)
@@ -140,6 +163,8 @@ def upgrade(target: Connection | str | None = None, revision: str = "head") -> N
 
 
 def downgrade(target: Connection | str | None = None, revision: str = "base") -> None:
+    from alembic import command
+
     def run(conn: Connection) -> None:
         with _preserve_callers_alembic():
             command.downgrade(alembic_config(conn), revision)

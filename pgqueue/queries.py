@@ -1370,6 +1370,15 @@ def schema_version() -> Op[str | None]:
     return str(rows[0]["version_num"]) if rows else None
 
 
+def schema_revision() -> Op[str | None]:
+    """The revision pgqueue's migrations recorded, or None when they never ran here (no
+    version table: looked for first, so that asking never fails the caller's transaction)."""
+    rows = yield Query("schema_version_table", {})
+    if rows[0]["version_table"] is None:
+        return None
+    return (yield from schema_version())
+
+
 # --- the dashboard's reads -------------------------------------------------------------------
 
 

@@ -117,3 +117,22 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(timeout=30)
+
+
+# The modules a process imported, read from what ``-X importtime`` (``PYTHONPROFILEIMPORTTIME=1``
+# in its environment, which its children inherit) printed on its stderr, one line per module.
+IMPORT_TIMES = {"PYTHONPROFILEIMPORTTIME": "1"}
+
+
+def imported_modules(stderr: str) -> set[str]:
+    """Every module named in ``-X importtime`` lines of ``stderr`` (other lines are skipped)."""
+    return {
+        line.rpartition("|")[2].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "self [us]" not in line  # not the header
+    }
+
+
+def among(modules: set[str], roots: set[str]) -> list[str]:
+    """The ``roots`` (a package or module name) that ``modules`` holds, or holds a part of."""
+    return sorted(r for r in roots if any(m == r or m.startswith(r + ".") for m in modules))

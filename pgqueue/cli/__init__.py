@@ -24,15 +24,28 @@ against, ``DEFAULT_QUEUE`` the queue it works on when given none.
 
 from __future__ import annotations
 
-from pgqueue.cli import dead_letters
+from typing import TYPE_CHECKING, TextIO
+
 from pgqueue.cli.root import app, main
-from pgqueue.cli.workers import worker
 from pgqueue.config import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from pgqueue.cli.workers import worker
 
 __all__ = ["DEFAULT_QUEUE", "_is_terminal", "app", "main", "worker"]
 
-# The one name to replace to make the streams count as terminals (the tests do, to draw the
-# progress bar): the dead-letter commands read it through this lambda at each call, rather
-# than by importing this package, which imports them.
-_is_terminal = dead_letters.stream_is_terminal
-dead_letters.is_terminal = lambda stream: _is_terminal(stream)
+
+def _is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal: the one name to replace to make the streams count as
+    terminals (the tests do, to draw the progress bar); the dead-letter commands call it
+    through this package at each call."""
+    return stream.isatty()
+
+
+def __getattr__(name: str) -> object:
+    """``worker``, imported on first use: the package itself loads no command module."""
+    if name == "worker":
+        from pgqueue.cli.workers import worker
+
+        return worker
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgqueue.cli.state import state
-from pgqueue.client import Client
+
+if TYPE_CHECKING:
+    from pgqueue.client import Client
 
 
 @contextlib.contextmanager
@@ -16,7 +18,10 @@ def open_client() -> Iterator[Client]:
     """A client on one pooled connection; each ``client.connection()`` block commits.
 
     For commands that work in several transactions (the dead-letter batches); one command
-    never needs two connections at once, so a pool of one is enough."""
+    never needs two connections at once, so a pool of one is enough. Imported here, not
+    above: a command's ``--help`` and its usage errors need no driver."""
+    from pgqueue.client import Client
+
     with Client(state.url(), max_connections=1) as client:
         yield client
 

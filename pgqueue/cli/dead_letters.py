@@ -17,6 +17,7 @@ from typing import Annotated, Any, TextIO
 
 import typer
 
+from pgqueue import cli
 from pgqueue import operations as ops
 from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
 from pgqueue.cli.database import connection, open_client
@@ -113,15 +114,11 @@ def _check_selection(ids: Sequence[str], everything: bool, filtered: bool, verb:
         )
 
 
-def stream_is_terminal(stream: TextIO) -> bool:
-    return stream.isatty()
-
-
-# Asked whether stderr (for the bar) or stdin (for the confirmation) is a terminal. The
-# package points this at its own ``_is_terminal``, read at each call, so that replacing
-# ``pgqueue.cli._is_terminal`` (as the tests do, to draw the bar) reaches every caller
-# without this module importing the package that imports it.
-is_terminal: Callable[[TextIO], bool] = stream_is_terminal
+def is_terminal(stream: TextIO) -> bool:
+    """Whether stderr (for the bar) or stdin (for the confirmation) is a terminal: the
+    package's ``_is_terminal``, read at each call, so that replacing it (as the tests do, to
+    draw the bar) reaches every caller."""
+    return cli._is_terminal(stream)
 
 
 @contextlib.contextmanager

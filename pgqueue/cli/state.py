@@ -99,14 +99,22 @@ class RootGroup(typer.core.TyperGroup):
     """The root command's group: adds ``--json`` to every command and group below it.
 
     Typer builds the click tree anew for each run (and for each ``CliRunner.invoke``), the
-    subcommands before the root, so the whole tree is there when this runs."""
+    subcommands before the root, so the commands given are all there when this runs; one
+    added later (a lazily loaded one) gets the option from :meth:`with_json_option`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        option = _after_command_option()
-        pending = list(self.commands.values())
+        self._json_option = _after_command_option()
+        for command in self.commands.values():
+            self.with_json_option(command)
+
+    def with_json_option(self, command: Any) -> Any:
+        """``command`` and every command below it, given ``--json`` (once)."""
+        option = self._json_option
+        pending = [command]
         while pending:
-            command = pending.pop()
-            if not any(p.name == option.name for p in command.params):
-                command.params.append(option)
-            pending.extend(getattr(command, "commands", {}).values())
+            cmd = pending.pop()
+            if not any(p.name == option.name for p in cmd.params):
+                cmd.params.append(option)
+            pending.extend(getattr(cmd, "commands", {}).values())
+        return command

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from pgqueue import operations as ops
 from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
 from pgqueue.cli.database import connection, open_client
 from pgqueue.cli.errors import UsageProblem
@@ -205,6 +204,8 @@ def enqueue(
     except ValidationError as exc:
         raise typer.BadParameter(exc.reason, param_hint="'--key-reuse'") from None
     when = parse_time(run_at, "--run-at") if run_at is not None else None
+    from pgqueue import operations as ops  # psycopg: not for `--help` and usage errors
+
     with connection() as conn:
         # A function task's arguments, checked against the parameters its workers recorded,
         # before anything is written (the library and the HTTP API give the same error).
@@ -260,6 +261,8 @@ def status(
     ] = None,
 ) -> None:
     """Show one task: status, attempts, result, last error and timestamps."""
+    from pgqueue import operations as ops
+
     if wait is None:
         with connection() as conn:
             task = ops.get_task(conn, task_id)
@@ -290,6 +293,8 @@ def list_tasks(
     limit: Limit = 50,
 ) -> None:
     """List tasks, newest first."""
+    from pgqueue import operations as ops
+
     with connection() as conn:
         tasks = ops.list_tasks(conn, status=status, type=task_type, queue=queue, limit=limit)
     human = task_table(tasks) + more_hint(len(tasks), limit) if tasks else "no tasks"
@@ -299,6 +304,8 @@ def list_tasks(
 @commands.command()
 def cancel(task_id: TaskIdArg) -> None:
     """Cancel a task: a queued one at once, a running one by asking its handler to stop."""
+    from pgqueue import operations as ops
+
     with connection() as conn:
         task = ops.cancel(conn, task_id)
     if task.status is TaskStatus.CANCELLED:

@@ -1164,6 +1164,11 @@ SELECT queue, completed, failed FROM counted
 -- name: schema_version
 SELECT version_num FROM pgqueue.pgqueue_alembic_version;
 
+-- name: schema_version_table
+-- Whether pgqueue's migrations ever ran here, asked without an error: reading a missing
+-- version table would abort the caller's transaction (an application's own alembic revision).
+SELECT to_regclass('pgqueue.pgqueue_alembic_version') AS version_table;
+
 -- name: maintenance_try_lock
 -- One maintenance runner per database at a time: a transaction-level advisory lock, so it is
 -- released at commit and never outlives a batch (and works behind PgBouncer's transaction mode).

@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgqueue import aio
+from pgqueue import aio, migrate
 from pgqueue.config import max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
@@ -206,8 +206,6 @@ class Worker:
         it should too, rather than exit and be restarted in a loop by its supervisor (whose
         backoff grows to minutes). A refusal that waiting cannot cure (wrong password, no
         such database) still fails at once."""
-        from pgqueue import migrate  # alembic is slow to import: only when a worker starts
-
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.startup_timeout
         delay = 0.2

@@ -1322,3 +1322,42 @@ def test_json_log_stays_json_when_the_database_drops_the_workers_connections(
         except ValueError:
             not_json.append(line)
     assert not_json == [], "every stderr line of a --log-format json worker must be JSON"
+
+
+# --- start-up imports (issue 20) ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_worker_process_runs_its_first_task_without_alembic_sqlalchemy_or_the_api(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    workers: Workers,
+    monkeypatch: pytest.MonkeyPatch,
+    processes: int,
+) -> None:
+    # The start-up schema check reads the version with psycopg: alembic and SQLAlchemy (1.2 s
+    # of imports) are not loaded by the worker, nor by each child of --processes N.
+    from processes import IMPORT_TIMES, among, imported_modules
+
+    for name, value in IMPORT_TIMES.items():
+        monkeypatch.setenv(name, value)
+    [task_id] = enqueue(db, {"type": "noop"})
+    worker = workers.start(database_url, "--processes", str(processes), *FAST)
+    wait_until(
+        lambda: status_of(db, task_id) == "completed",
+        timeout=60,
+        what="the task to complete",
+        workers=workers,
+        alive=[worker],
+    )
+    modules = imported_modules(worker.stderr())
+    assert among(modules, {"alembic", "sqlalchemy", "fastapi", "uvicorn", "pgqueue.api"}) == []
+    # The probe saw the worker's own imports (with N > 1, the children's too: they share
+    # the supervisor's stderr).
+    assert among(modules, {"pgqueue.worker.service", "pgqueue.migrate"}) == [
+        "pgqueue.migrate",
+        "pgqueue.worker.service",
+    ]
+    if processes > 1:
+        assert "pgqueue.supervisor" in modules

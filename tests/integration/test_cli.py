@@ -688,7 +688,10 @@ def test_dlq_discard_with_a_terminal_that_ends_without_an_answer_aborts(
 
 
 def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for name, sub in getattr(command, "commands", {}).items():
+    # Through get_command, not the commands dict: the root builds each command from its
+    # module only when asked for it (pgqueue/cli/root.py).
+    for name in getattr(command, "list_commands", lambda ctx: [])(None):
+        sub = command.get_command(None, name)
         yield (*path, name), sub
         yield from _commands(sub, (*path, name))
 

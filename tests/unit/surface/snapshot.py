@@ -31,9 +31,13 @@ def openapi_text() -> str:
 
 
 def _commands(group: Any, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    # Through click's list_commands/get_command, not the commands dict: the root builds each
+    # command from its module only when asked for it (pgqueue/cli/root.py).
     yield path
-    for name in sorted(getattr(group, "commands", {}) or {}):
-        yield from _commands(group.commands[name], (*path, name))
+    if not hasattr(group, "list_commands"):
+        return
+    for name in sorted(group.list_commands(None)):
+        yield from _commands(group.get_command(None, name), (*path, name))
 
 
 def cli_help_text() -> str:
