@@ -119,7 +119,8 @@ CONTENDERS: dict[str, Contender] = {
         "pgqueue",
         "pgqueue",
         "pgqueue_contender.py",
-        ("pgqueue", "psycopg"),
+        # The distribution's name since c73af0f; a base tree from before it is "pgqueue".
+        ("pgqueue-jobs", "pgqueue", "psycopg"),
         bulk_batch=1000,
         concurrency=500,
     ),
@@ -255,10 +256,16 @@ def ensure_venv(root: Path, key: str, rebuild: bool, timeout: float) -> Path:
 
 
 def venv_versions(python: Path, distributions: Sequence[str]) -> dict[str, Any]:
-    """Installed versions of the named distributions, and the venv's whole pip freeze."""
+    """Installed versions of the named distributions (null for one not installed: a tree
+    names itself by one of them), and the venv's whole pip freeze."""
     code = (
         "import importlib.metadata as m, json, sys\n"
-        "print(json.dumps({d: m.version(d) for d in sys.argv[1:]}))"
+        "def version(d):\n"
+        "    try:\n"
+        "        return m.version(d)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return None\n"
+        "print(json.dumps({d: version(d) for d in sys.argv[1:]}))"
     )
     versions = json.loads(_run([python, "-c", code, *distributions], timeout=60))
     freeze = _run([python, "-m", "pip", "freeze"], timeout=60).split()
@@ -815,7 +822,7 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
     versions = []
     for info in env.values():
         v = info.get("versions", {})
-        versions.append(", ".join(f"{d} {ver}" for d, ver in v.items()))
+        versions.append(", ".join(f"{d} {ver}" for d, ver in v.items() if ver is not None))
     git = report["git"]
     tree = tree_note(git)
     settings = ", ".join(
