@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pgqueue.log import event
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import ClaimStarts as Starts
 from pgqueue.queries import (
@@ -25,6 +27,7 @@ from pgqueue.queries import (
     lease_starts_mark,
     limits_probe,
     task_claim,
+    task_heartbeat,
     task_types_declare,
 )
 from pgqueue.worker.claim_starts import ClaimStarts
@@ -36,6 +39,9 @@ from pgqueue.worker.state import Slots, StopRequest
 # A worker that saw no limits takes the one-statement claim, and looks for limits again this
 # often (a worker that saw some looks at every claim).
 LIMITS_RECHECK_SECONDS = 1.0
+# A claim and its start mark that took this share of the lease or more are checked: were the
+# leases taken back meanwhile (see Claimer._still_held)?
+LEASE_DOUBT = 0.5
 
 
 class Claimer:
@@ -132,7 +138,32 @@ class Claimer:
         # A failure here raises: nothing starts, and the leases, never marked, expire into
         # the queue without costing an attempt.
         await arun(conn, lease_starts_mark(self._config.worker_id))
+        if time.monotonic() - began >= self._config.lease_seconds * LEASE_DOUBT:
+            claimed = await self._still_held(conn, claimed)
         return claimed
+
+    async def _still_held(self, conn: Any, claimed: list[ClaimedTask]) -> list[ClaimedTask]:
+        """The claimed tasks whose leases this worker still holds, renewed.
+
+        Only asked when the claim and its start mark took a good part of the lease (the
+        process was stopped or starved between them): the sweep may then have taken a lease
+        back as never started, giving its attempt back, and another worker may run it now.
+        Starting it here as well would be an execution no attempt counts. Once the mark is
+        written, a later sweep counts the attempt, so one look after the mark is enough."""
+        held = await arun(
+            conn, task_heartbeat([t.lease for t in claimed], self._config.lease_seconds)
+        )
+        for task in claimed:
+            if task.id not in held.held:
+                event(
+                    "task.lease_lost",
+                    logging.WARNING,
+                    task_id=task.id,
+                    type=task.type,
+                    attempt=task.attempts,
+                    note="lost between its claim and its start; not started here",
+                )
+        return [t for t in claimed if t.id in held.held]
 
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         cfg = self._config

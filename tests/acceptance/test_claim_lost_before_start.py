@@ -1,0 +1,80 @@
+"""A worker stopped between its claim and its start mark (SIGSTOP, a starved process) must not
+start the task once it runs again if the sweep took the lease back meanwhile: the sweep gave
+that attempt back as never started, so a late start would be an execution no attempt counts,
+beside the one another claim makes (bench.chaos's sigstop scenario found it: "two executions
+on one lease"). The stop is made exact here by holding a lock on the worker's start-mark row,
+which its mark statement waits for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from test_worker_processes import (
+    FAST,
+    Workers,
+    count,
+    db,  # noqa: F401 (a fixture)
+    enqueue,
+    executions,
+    status_of,
+    task,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+def test_a_claim_swept_before_its_start_mark_is_not_started_by_the_late_worker(
+    db: psycopg.Connection[Any],  # noqa: F811
+    database_url: str,
+    workers: Workers,
+) -> None:
+    worker = workers.start(
+        database_url, "--concurrency", "1", "--lease-seconds", "1", *FAST, "--log-format", "json"
+    )
+    # The worker writes its row of start marks before its first claim.
+    wait_until(
+        lambda: count(db, "SELECT count(*) FROM pgqueue.lease_starts") == 1,
+        timeout=30,
+        what="the worker's first claim",
+        workers=workers,
+        alive=[worker],
+    )
+    with psycopg.connect(database_url) as locker:
+        locker.execute("SELECT owner FROM pgqueue.lease_starts FOR UPDATE")
+        (task_id,) = enqueue(db, {"type": "noop"})
+        # Claimed, and then its mark waits on our lock while the 1 s lease runs out and the
+        # worker's own sweep takes the task back, the attempt given back.
+        wait_until(
+            lambda: task(db, task_id).started_at is not None,
+            timeout=30,
+            what="the claim",
+            workers=workers,
+            alive=[worker],
+        )
+        wait_until(
+            lambda: status_of(db, task_id) == "queued",
+            timeout=30,
+            what="the sweep to take the lease back",
+            workers=workers,
+            alive=[worker],
+        )
+        assert task(db, task_id).attempts == 0
+        assert executions(db, task_id) == []
+        locker.rollback()  # the mark goes through: the worker resumes
+
+    wait_until(
+        lambda: status_of(db, task_id) == "completed",
+        timeout=30,
+        what="the task's completion by the next claim",
+        workers=workers,
+        alive=[worker],
+    )
+    assert [attempt for attempt, _ in executions(db, task_id)] == [1], (
+        "the late worker started the swept claim as well as the new one"
+    )
+    assert task(db, task_id).attempts == 1
+    notes = [e for e in worker.events() if e.get("event") == "task.lease_lost"]
+    assert [e.get("task_id") for e in notes] == [str(task_id)]
