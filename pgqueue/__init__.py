@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.errors import (
         ConfigurationError,
         DatabaseUnavailable,
+        DependencyCycle,
+        DependencyError,
         IdempotencyConflict,
         InvalidArgument,
         InvalidDatabaseURL,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         ResultTooLarge,
         SchemaNotReady,
         TaskNotFound,
+        UnknownParent,
         UnsupportedConnection,
         ValidationError,
         WaitInTransaction,
@@ -129,6 +132,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pgqueue.errors": (
         "ConfigurationError",
         "DatabaseUnavailable",
+        "DependencyCycle",
+        "DependencyError",
         "IdempotencyConflict",
         "InvalidArgument",
         "InvalidDatabaseURL",
@@ -143,6 +148,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ResultTooLarge",
         "SchemaNotReady",
         "TaskNotFound",
+        "UnknownParent",
         "UnsupportedConnection",
         "ValidationError",
         "WaitInTransaction",
@@ -357,3 +363,6 @@ __all__ = [
 
 # Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.
 __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
+
+# Issue 16: dependencies between tasks.
+__all__ += ["DependencyCycle", "DependencyError", "UnknownParent"]

@@ -347,6 +347,11 @@ class TaskSpec(NamedTuple):
     # (at most one of the two; neither: never expires).
     expires_at: datetime | None = None
     expires_in: float | None = None
+    # Issue 16: the parents (task ids, in the caller's order), whether the task runs even
+    # when a parent failed or was cancelled (on_parent_failure="run"), and its workflow.
+    depends_on: tuple[uuid.UUID, ...] = ()
+    run_anyway: bool = False
+    workflow_id: uuid.UUID | None = None
 
 
 # The retry policy of a task whose caller and type declared none.

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0010_function_tasks
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0011_workflows
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -67,6 +67,27 @@ ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_name_check CHECK (((lengt
 ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 CREATE UNIQUE INDEX schedules_pkey ON pgqueue.schedules USING btree (name);
 
+CREATE TABLE pgqueue.task_dependencies (
+    child_id uuid NOT NULL,
+    parent_id uuid NOT NULL,
+    position integer NOT NULL,
+    run_anyway boolean NOT NULL DEFAULT false,
+    bucket integer NOT NULL,
+    outcome text
+);
+ALTER TABLE pgqueue.task_dependencies ADD CONSTRAINT task_dependencies_pkey PRIMARY KEY (child_id, parent_id);
+CREATE INDEX task_dependencies_parent_idx ON pgqueue.task_dependencies USING btree (parent_id);
+CREATE UNIQUE INDEX task_dependencies_pkey ON pgqueue.task_dependencies USING btree (child_id, parent_id);
+
+CREATE TABLE pgqueue.task_dependency_buckets (
+    child_id uuid NOT NULL,
+    bucket integer NOT NULL,
+    pending integer NOT NULL
+);
+ALTER TABLE pgqueue.task_dependency_buckets ADD CONSTRAINT task_dependency_buckets_pending_check CHECK ((pending >= 0));
+ALTER TABLE pgqueue.task_dependency_buckets ADD CONSTRAINT task_dependency_buckets_pkey PRIMARY KEY (child_id, bucket);
+CREATE UNIQUE INDEX task_dependency_buckets_pkey ON pgqueue.task_dependency_buckets USING btree (child_id, bucket);
+
 CREATE TABLE pgqueue.task_types (
     type text NOT NULL,
     max_attempts integer,
@@ -122,7 +143,10 @@ CREATE TABLE pgqueue.tasks (
     submitted_priority smallint,
     policy_default boolean,
     snoozes integer,
-    expires_at timestamp with time zone
+    expires_at timestamp with time zone,
+    workflow_id uuid,
+    parents_pending integer,
+    cancelled_by uuid
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -131,7 +155,7 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_max_attempts_check CHECK ((max_at
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200)));
-ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
 CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
 CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE (status = 'queued'::text);
@@ -141,6 +165,7 @@ CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHE
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
+CREATE INDEX tasks_workflow_idx ON pgqueue.tasks USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 -- pgqueue.backlog reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.backlog (
