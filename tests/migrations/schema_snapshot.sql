@@ -289,6 +289,101 @@ CREATE OR REPLACE FUNCTION pgqueue.retry_delay(attempts integer, base real, fact
  PARALLEL SAFE
 RETURN (LEAST((cap)::double precision, ((base)::double precision * power((factor)::double precision, (GREATEST((attempts - 1), 0))::double precision))) * ((1.0)::double precision - (random() * (0.5)::double precision)));
 
+CREATE OR REPLACE FUNCTION pgqueue.task_dependants_settle(parent_ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+    DECLARE
+        ids uuid[] := parent_ids;
+        released integer := 0;
+        n integer;
+    BEGIN
+        WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
+            -- A plain task (no dependants) costs one probe of the parent index.
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM pgqueue.task_dependencies
+                                   WHERE parent_id = ANY(ids) AND outcome IS NULL);
+            CREATE TEMP TABLE IF NOT EXISTS pgqueue_settled (
+                child_id uuid, bucket integer, doom boolean, parent_id uuid, reason text
+            ) ON COMMIT DROP;
+            TRUNCATE pgqueue_settled;
+            WITH counted AS (
+                UPDATE pgqueue.task_dependencies AS d SET outcome = p.status
+                  FROM pgqueue.tasks AS p
+                 WHERE d.parent_id = ANY(ids) AND d.outcome IS NULL AND p.id = d.parent_id
+                   AND p.status IN ('completed', 'failed', 'cancelled')
+                RETURNING d.child_id, d.bucket, d.position, d.run_anyway, p.id, p.type,
+                          p.status
+            )
+            INSERT INTO pgqueue_settled
+            SELECT child_id, bucket,
+                   status IN ('failed', 'cancelled') AND NOT run_anyway, id,
+                   format('parent %s (%s) %s', id, type, status)
+              FROM counted;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            EXIT WHEN n = 0;
+            -- Buckets, locked in key order, then emptied by the edges counted.
+            PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
+              JOIN (SELECT DISTINCT child_id, bucket FROM pgqueue_settled) AS s
+                USING (child_id, bucket)
+             ORDER BY b.child_id, b.bucket FOR UPDATE OF b;
+            WITH g AS (SELECT child_id, bucket, count(*) AS k FROM pgqueue_settled
+                        GROUP BY child_id, bucket),
+            emptied AS (
+                UPDATE pgqueue.task_dependency_buckets AS b SET pending = b.pending - g.k
+                  FROM g WHERE b.child_id = g.child_id AND b.bucket = g.bucket
+                RETURNING b.child_id, b.pending
+            ),
+            per_child AS (
+                SELECT c.child_id,
+                       (SELECT count(*) FROM emptied AS e
+                         WHERE e.child_id = c.child_id AND e.pending = 0) AS closed,
+                       (SELECT s.parent_id FROM pgqueue_settled AS s
+                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS doomed_by,
+                       (SELECT s.reason FROM pgqueue_settled AS s
+                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS reason
+                  FROM (SELECT DISTINCT child_id FROM pgqueue_settled) AS c
+            ),
+            locked AS MATERIALIZED (
+                SELECT t.id FROM pgqueue.tasks AS t JOIN per_child AS c ON c.child_id = t.id
+                 ORDER BY t.id FOR UPDATE OF t
+            ),
+            moved AS (
+                UPDATE pgqueue.tasks AS t
+                   SET parents_pending = t.parents_pending - c.closed,
+                       status = CASE WHEN t.status <> 'waiting' THEN t.status
+                                     WHEN c.doomed_by IS NOT NULL THEN 'cancelled'
+                                     WHEN t.parents_pending - c.closed = 0 THEN 'queued'
+                                     ELSE t.status END,
+                       cancelled_by = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                           THEN c.doomed_by ELSE t.cancelled_by END,
+                       last_error = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                         THEN c.reason ELSE t.last_error END,
+                       finished_at = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                          THEN now() ELSE t.finished_at END,
+                       visible_after = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NULL
+                                             AND t.parents_pending - c.closed = 0
+                                            THEN greatest(t.visible_after, now())
+                                            ELSE t.visible_after END
+                  FROM per_child AS c, locked AS l
+                 WHERE t.id = c.child_id AND l.id = c.child_id
+                RETURNING t.id, t.queue, t.status, t.visible_after,
+                          t.status = 'cancelled' AND t.finished_at = now() AS just_cancelled
+            ),
+            woke AS (
+                SELECT count(pg_notify('pgqueue', q.queue)) AS k
+                  FROM (SELECT DISTINCT queue FROM moved WHERE status = 'queued') AS q
+            )
+            SELECT array_agg(id) FILTER (WHERE just_cancelled),
+                   count(*) FILTER (WHERE status = 'queued') + max(woke.k) * 0
+              INTO ids, n
+              FROM moved, woke;
+            released := released + coalesce(n, 0);
+            PERFORM pgqueue.task_waiters_wake(ids);
+        END LOOP;
+        RETURN released;
+    END
+    $function$;
+
 CREATE OR REPLACE FUNCTION pgqueue.task_waiters_wake(ids uuid[])
  RETURNS integer
  LANGUAGE plpgsql

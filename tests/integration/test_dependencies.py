@@ -1,0 +1,109 @@
+"""Dependencies between tasks (issue 16) against real PostgreSQL: a child waits until its
+parents are final, is released in the transaction that finishes its last parent, and is
+cancelled (reason naming the parent) when a parent fails, unless it runs anyway."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue.models import TaskStatus
+
+
+def claim(conn: psycopg.Connection[Any]) -> list[pgqueue.ClaimedTask]:
+    return pgqueue.claim(conn, ["default"], limit=100, worker_id="w")
+
+
+def status(conn: psycopg.Connection[Any], task_id: uuid.UUID) -> TaskStatus:
+    return pgqueue.get_task(conn, task_id).status
+
+
+def test_child_waits_and_is_released_by_its_last_parents_completion(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {})
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[a, b.id])
+    assert child.task.status is TaskStatus.WAITING
+    conn.commit()
+    claimed = claim(conn)
+    assert {t.id for t in claimed} == {a.id, b.id}  # the waiting child is not claimed
+    first, second = sorted(claimed, key=lambda t: t.type)
+    pgqueue.complete(conn, first.lease, {"x": 1})
+    conn.commit()
+    assert status(conn, child.id) is TaskStatus.WAITING
+    pgqueue.complete(conn, second.lease, {"y": 2})
+    # Released in the same transaction as the completion.
+    assert status(conn, child.id) is TaskStatus.QUEUED
+    conn.commit()
+    (claimed_child,) = claim(conn)
+    assert claimed_child.id == child.id
+
+
+def test_retry_of_a_parent_releases_nothing_and_dead_letter_cancels(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {}, max_attempts=2)
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    cleanup = pgqueue.enqueue(conn, "z", {}, depends_on=[parent], on_parent_failure="run")
+    conn.commit()
+    (p,) = claim(conn)
+    pgqueue.fail(conn, p.lease, "boom", retry_after=0)
+    conn.commit()
+    assert status(conn, child.id) is TaskStatus.WAITING
+    assert status(conn, cleanup.id) is TaskStatus.WAITING
+    (p,) = claim(conn)
+    pgqueue.fail(conn, p.lease, "boom again", retry_after=0)
+    conn.commit()
+    task = pgqueue.get_task(conn, child.id)
+    assert task.status is TaskStatus.CANCELLED
+    assert task.cancelled_by == parent.id
+    assert task.last_error == f"parent {parent.id} (p) failed"
+    assert status(conn, cleanup.id) is TaskStatus.QUEUED
+
+
+def test_operator_cancel_of_a_parent_cascades_down_the_graph(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {}, depends_on=[a])
+    c = pgqueue.enqueue(conn, "c", {}, depends_on=[b])
+    conn.commit()
+    pgqueue.cancel(conn, a.id)
+    conn.commit()
+    assert status(conn, b.id) is TaskStatus.CANCELLED
+    tc = pgqueue.get_task(conn, c.id)
+    assert tc.status is TaskStatus.CANCELLED and tc.cancelled_by == b.id
+
+
+def test_enqueue_many_with_a_chain_inside_the_batch(conn: Any) -> None:
+    first = pgqueue.prepare("one", {})
+    second = pgqueue.prepare("two", {}, depends_on=[first])
+    results = pgqueue.enqueue_many(conn, [first, second, {"type": "three", "depends_on": [second]}])
+    assert [r.task.status for r in results] == [
+        TaskStatus.QUEUED,
+        TaskStatus.WAITING,
+        TaskStatus.WAITING,
+    ]
+
+
+def test_unknown_parent_and_cycle_are_refused_with_nothing_written(conn: Any) -> None:
+    ghost = uuid.uuid4()
+    with pytest.raises(pgqueue.UnknownParent) as info:
+        pgqueue.enqueue(conn, "c", {}, depends_on=[ghost])
+    assert info.value.parent_id == ghost
+    a = pgqueue.prepare("a", {})
+    with pytest.raises(pgqueue.UnknownParent):
+        pgqueue.enqueue_many(conn, [a, {"type": "b", "depends_on": [ghost]}])
+    conn.rollback()
+    assert pgqueue.list_tasks(conn) == [] or not any(t.id == a.id for t in pgqueue.list_tasks(conn))
+    with pytest.raises(pgqueue.DependencyError):
+        pgqueue.prepare("a", {}, depends_on=[a, a])
+
+
+def test_a_child_of_a_completed_parent_is_queued_at_once(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {})
+    conn.commit()
+    (p,) = claim(conn)
+    pgqueue.complete(conn, p.lease, None)
+    conn.commit()
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    assert child.task.status is TaskStatus.QUEUED
