@@ -749,7 +749,7 @@ def task_insert_dependent(
     """Insert tasks with parents (issue 16) and their edges in one statement; UnknownParent
     (nothing written) for a parent neither in ``batch`` (the ids of the enqueue_many batch)
     nor in the table. A cycle among the batch's tasks is refused before (DependencyCycle)."""
-    from pgqueue import dependencies  # noqa: PLC0415  (pure, small)
+    from pgqueue import dependencies
 
     inside = batch or set()
     dependencies.check_acyclic({s.id: s.depends_on for s in specs})
