@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         Limit,
         LimitKind,
         OldestSnapshot,
+        Parent,
         Priority,
         QueueBacklog,
         QueueState,
@@ -85,6 +86,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         cancel,
         cancel_leased,
         check_arguments,
+        children,
         claim,
         clear_limit,
         complete,
@@ -103,6 +105,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         list_tasks,
         oldest_snapshot,
         overview,
+        parents,
         pause_queue,
         promote_aged,
         prune,
@@ -167,6 +170,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Limit",
         "LimitKind",
         "OldestSnapshot",
+        "Parent",
         "Priority",
         "QueueBacklog",
         "QueueState",
@@ -216,6 +220,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "throughput",
         "throughput_series",
         "wait",
+        "children",
+        "parents",
         "expire",
         "snooze",
     ),
@@ -365,4 +371,4 @@ __all__ = [
 __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
 
 # Issue 16: dependencies between tasks.
-__all__ += ["DependencyCycle", "DependencyError", "UnknownParent"]
+__all__ += ["DependencyCycle", "DependencyError", "Parent", "UnknownParent", "children", "parents"]

@@ -305,6 +305,23 @@ class ClaimedTask:
         return self.attempts >= self.max_attempts
 
 
+@dataclasses.dataclass(frozen=True)
+class Parent:
+    """One end of a dependency (issue 16): a parent of a task (``pgqueue.parents``,
+    ``ctx.parents``) or a dependant (``pgqueue.children``), with its status now, its place in
+    the child's depends_on, whether the child runs anyway if it fails, its result (decoded
+    JSON, None until completed) and its last error. ``status`` and ``type`` are None for a
+    task since pruned."""
+
+    task_id: uuid.UUID
+    type: str | None
+    status: TaskStatus | None
+    position: int
+    run_anyway: bool
+    result: Any = None
+    error: str | None = None
+
+
 class FailOutcome(enum.StrEnum):
     """What a recorded failure did to the task."""
 

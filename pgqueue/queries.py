@@ -45,6 +45,7 @@ from pgqueue.models import (
     Limit,
     LimitKind,
     OldestSnapshot,
+    Parent,
     Priority,
     QueueBacklog,
     QueueState,
@@ -816,6 +817,39 @@ def task_insert_dependent(
     return out
 
 
+def _parent(row: Row) -> Parent:
+    return Parent(
+        task_id=row["task_id"],
+        type=row["type"],
+        status=None if row["status"] is None else TaskStatus(row["status"]),
+        position=row["position"],
+        run_anyway=row["run_anyway"],
+        result=row["result"],
+        error=row["error"],
+    )
+
+
+def task_parents(task_id: uuid.UUID) -> Op[list[Parent]]:
+    """A task's parents in depends_on order (issue 16)."""
+    rows = yield Query("task_parents", {"id": task_id})
+    return [_parent(r) for r in rows]
+
+
+def task_children(task_id: uuid.UUID) -> Op[list[Parent]]:
+    """A task's dependants; ``position`` is this task's place in each one's depends_on."""
+    rows = yield Query("task_children", {"id": task_id})
+    return [_parent(r) for r in rows]
+
+
+def task_parents_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, tuple[Parent, ...]]]:
+    """The parents of many tasks in one query (the worker, per claimed batch)."""
+    rows = yield Query("task_parents_many", {"ids": list(ids)}, prepare=False)
+    out: dict[uuid.UUID, list[Parent]] = {}
+    for r in rows:
+        out.setdefault(r["child_id"], []).append(_parent(r))
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def task_get(task_id: uuid.UUID) -> Op[Task]:
     rows = yield Query("task_get", {"id": task_id})
     if not rows:
@@ -949,6 +983,8 @@ def _claimed(rows: list[Row]) -> list[ClaimedTask]:
             lease_expires_at=r["lease_expires_at"],
             created_at=r["created_at"],
             trace_context=r["trace_context"],
+            has_parents=bool(r.get("has_parents")),
+            workflow_id=r.get("workflow_id"),
         )
         for r in rows
     ]

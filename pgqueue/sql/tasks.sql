@@ -299,7 +299,9 @@ UPDATE pgqueue.tasks AS t
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-          t.lease_token, t.lease_expires_at, t.created_at, t.trace_context;
+          t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
+          -- Issue 16: columns of the row the claim updates anyway (no read more).
+          t.parents_pending IS NOT NULL AS has_parents, t.workflow_id;
 
 -- name: limits_probe
 -- Whether any limit exists, and whether a task under one may be waiting in these queues: one
@@ -445,7 +447,8 @@ claimed AS (
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context
+              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
+              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id  -- issue 16
 ),
 started AS (
     SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type

@@ -107,3 +107,19 @@ def test_a_child_of_a_completed_parent_is_queued_at_once(conn: Any) -> None:
     conn.commit()
     child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
     assert child.task.status is TaskStatus.QUEUED
+
+
+def test_parents_children_and_the_claim_flags(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {})
+    wf = uuid.uuid4()
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[b, a], workflow_id=wf)
+    conn.commit()
+    ps = pgqueue.parents(conn, child.id)
+    assert [(p.task_id, p.position) for p in ps] == [(b.id, 0), (a.id, 1)]
+    assert [c.task_id for c in pgqueue.children(conn, a.id)] == [child.id]
+    for t in claim(conn):
+        pgqueue.complete(conn, t.lease, {"from": t.type})
+    (claimed,) = claim(conn)
+    assert claimed.has_parents and claimed.workflow_id == wf
+    assert [p.result for p in pgqueue.parents(conn, child.id)] == [{"from": "b"}, {"from": "a"}]
