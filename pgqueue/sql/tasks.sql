@@ -943,6 +943,14 @@ doomed AS (
               FOR UPDATE SKIP LOCKED
            ) AS d
      LIMIT %(limit)s
+),
+-- Issue 16: a pruned task's own edges and buckets go with it (primary-key ranges, by
+-- child_id); its edges as a parent stay until its dependants are pruned in turn.
+edges_gone AS (
+    DELETE FROM pgqueue.task_dependencies AS d USING doomed WHERE d.child_id = doomed.id
+),
+buckets_gone AS (
+    DELETE FROM pgqueue.task_dependency_buckets AS b USING doomed WHERE b.child_id = doomed.id
 )
 DELETE FROM pgqueue.tasks AS t USING doomed WHERE t.id = doomed.id
 RETURNING t.id;

@@ -5,6 +5,7 @@ cancelled (reason naming the parent) when a parent fails, unless it runs anyway.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -123,3 +124,15 @@ def test_parents_children_and_the_claim_flags(conn: Any) -> None:
     (claimed,) = claim(conn)
     assert claimed.has_parents and claimed.workflow_id == wf
     assert [p.result for p in pgqueue.parents(conn, child.id)] == [{"from": "b"}, {"from": "a"}]
+
+
+def test_pruning_a_child_deletes_its_edges_and_buckets(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {})
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    pgqueue.cancel(conn, parent.id)  # cascades: the child is cancelled too
+    assert status(conn, child.id) is TaskStatus.CANCELLED
+    edges = "SELECT count(*) FROM pgqueue.task_dependencies WHERE child_id = %s"
+    assert conn.execute(edges, (child.id,)).fetchone() == (1,)
+    later = datetime.now(UTC) + timedelta(days=30)
+    assert pgqueue.prune(conn, now=later) == 2
+    assert conn.execute(edges, (child.id,)).fetchone() == (0,)
