@@ -295,6 +295,8 @@ class ClaimedTask:
     # for ctx.parents, in one query per claimed batch), and its workflow.
     has_parents: bool = False
     workflow_id: uuid.UUID | None = None
+    # Its parents in depends_on order, read by the worker after the claim (ctx.parents).
+    parents: tuple[Parent, ...] = ()
 
     @property
     def lease(self) -> Lease:

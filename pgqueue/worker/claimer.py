@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from pgqueue.queries import (
     lease_starts_mark,
     limits_probe,
     task_claim,
+    task_parents_many,
     task_types_declare,
 )
 from pgqueue.worker.claim_starts import ClaimStarts
@@ -129,6 +131,13 @@ class Claimer:
         self.starts.claimed(claimed, starts=starts, seconds=time.monotonic() - began)
         if not claimed:
             return claimed
+        with_parents = [t.id for t in claimed if t.has_parents]
+        if with_parents:  # issue 16: one query per claimed batch, only for tasks with parents
+            parents = await arun(conn, task_parents_many(with_parents))
+            claimed = [
+                dataclasses.replace(t, parents=parents.get(t.id, ())) if t.has_parents else t
+                for t in claimed
+            ]
         # A failure here raises: nothing starts, and the leases, never marked, expire into
         # the queue without costing an attempt.
         await arun(conn, lease_starts_mark(self._config.worker_id))

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers import run_worker_until
 
 import pgqueue
 from pgqueue.models import TaskStatus
@@ -136,3 +137,29 @@ def test_pruning_a_child_deletes_its_edges_and_buckets(conn: Any) -> None:
     later = datetime.now(UTC) + timedelta(days=30)
     assert pgqueue.prune(conn, now=later) == 2
     assert conn.execute(edges, (child.id,)).fetchone() == (0,)
+
+
+def test_a_worker_gives_the_handler_its_parents_results_in_order(
+    database_url: str, conn: Any
+) -> None:
+    seen: dict[str, Any] = {}
+    tasks = pgqueue.TaskRegistry()
+
+    @tasks.handler("member")
+    def member(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> Any:
+        return payload["n"] * 10
+
+    @tasks.handler("callback")
+    def callback(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> Any:
+        seen["results"] = ctx.parent_results
+        seen["statuses"] = [p.status for p in ctx.parents]
+        return sum(ctx.parent_results)
+
+    members = [pgqueue.prepare("member", {"n": n}) for n in range(5)]
+    (*_, cb) = pgqueue.enqueue_many(
+        conn, [*members, {"type": "callback", "depends_on": list(reversed(members))}]
+    )
+    conn.commit()
+    run_worker_until(database_url, tasks, lambda: status(conn, cb.id) is TaskStatus.COMPLETED)
+    assert seen["results"] == [40, 30, 20, 10, 0]
+    assert seen["statuses"] == [TaskStatus.COMPLETED] * 5
