@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.errors import (
         ConfigurationError,
         DatabaseUnavailable,
+        DependencyCycle,
+        DependencyError,
         IdempotencyConflict,
         InvalidArgument,
         InvalidDatabaseURL,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         ResultTooLarge,
         SchemaNotReady,
         TaskNotFound,
+        UnknownParent,
         UnsupportedConnection,
         ValidationError,
         WaitInTransaction,
@@ -66,6 +69,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         Limit,
         LimitKind,
         OldestSnapshot,
+        Parent,
         Priority,
         QueueBacklog,
         QueueState,
@@ -82,6 +86,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         cancel,
         cancel_leased,
         check_arguments,
+        children,
         claim,
         clear_limit,
         complete,
@@ -100,6 +105,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         list_tasks,
         oldest_snapshot,
         overview,
+        parents,
         pause_queue,
         promote_aged,
         prune,
@@ -129,6 +135,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pgqueue.errors": (
         "ConfigurationError",
         "DatabaseUnavailable",
+        "DependencyCycle",
+        "DependencyError",
         "IdempotencyConflict",
         "InvalidArgument",
         "InvalidDatabaseURL",
@@ -143,6 +151,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ResultTooLarge",
         "SchemaNotReady",
         "TaskNotFound",
+        "UnknownParent",
         "UnsupportedConnection",
         "ValidationError",
         "WaitInTransaction",
@@ -161,6 +170,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Limit",
         "LimitKind",
         "OldestSnapshot",
+        "Parent",
         "Priority",
         "QueueBacklog",
         "QueueState",
@@ -210,6 +220,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "throughput",
         "throughput_series",
         "wait",
+        "children",
+        "parents",
         "expire",
         "snooze",
     ),
@@ -357,3 +369,6 @@ __all__ = [
 
 # Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.
 __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
+
+# Issue 16: dependencies between tasks.
+__all__ += ["DependencyCycle", "DependencyError", "Parent", "UnknownParent", "children", "parents"]

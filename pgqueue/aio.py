@@ -54,3 +54,7 @@ wait = _ops.wait.aio
 
 # Function tasks (issue 15).
 check_arguments = _ops.check_arguments.aio
+
+# Dependencies between tasks (issue 16).
+parents = _ops.parents.aio
+children = _ops.children.aio

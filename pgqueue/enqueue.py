@@ -13,11 +13,11 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pgqueue import config
+from pgqueue import config, dependencies
 from pgqueue.errors import InvalidPayload, PayloadTooLarge, ValidationError
 from pgqueue.models import Priority, RetryPolicy
 from pgqueue.queries import DEFAULT_RETRY as DEFAULT_RETRY  # its home before task types
@@ -168,11 +168,19 @@ def prepare(
     max_payload_bytes: int | None = None,
     expires_in: float | None = None,
     expires_at: datetime | None = None,
+    depends_on: Iterable[Any] | None = None,
+    on_parent_failure: str = "cancel",
+    workflow_id: uuid.UUID | str | None = None,
 ) -> TaskSpec:
     """Validate one task's arguments and build the row to insert; raises before any write.
 
     ``queue`` and ``priority`` left out (None) stay "not given" up to the insert, which takes
-    the type's declared ones (pgqueue.task_types), else 'default' and normal."""
+    the type's declared ones (pgqueue.task_types), else 'default' and normal.
+
+    ``depends_on`` (issue 16): the task waits until these tasks (ids, handles, or prepared
+    tasks of the same batch) are final; ``on_parent_failure`` "cancel" (it is cancelled when
+    one fails or is cancelled) or "run" (a clean-up step: it runs once all are final).
+    ``workflow_id``: the workflow it belongs to."""
     check_name("type", type)
     if queue is not None:
         check_name("queue", queue)
@@ -210,8 +218,16 @@ def prepare(
     attempts: int | None = retry.max_attempts if retry else None
     if max_attempts is not None:
         attempts = RetryPolicy(max_attempts).max_attempts  # validated as a policy would be
+    task_id = new_task_id()
+    parents = dependencies.parse_depends_on(depends_on, task_id)
+    run_anyway = dependencies.parse_on_parent_failure(on_parent_failure)
+    workflow = None if workflow_id is None else _workflow_id(workflow_id)
+    if parents and idempotency_key is not None:
+        raise ValidationError(
+            "idempotency_key", "is not supported with depends_on (give it to a root task)"
+        )
     return TaskSpec(
-        id=new_task_id(),
+        id=task_id,
         type=type,
         payload=payload if isinstance(payload, dict) else dict(payload),
         payload_json=payload_json,
@@ -226,7 +242,19 @@ def prepare(
         delay_seconds=delay_seconds,
         expires_at=expiry[0],
         expires_in=expiry[1],
+        depends_on=parents,
+        run_anyway=run_anyway,
+        workflow_id=workflow,
     )
+
+
+def _workflow_id(value: object) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value).strip())
+    except ValueError:
+        raise ValidationError("workflow_id", f"is not a UUID: {value!r}") from None
 
 
 def _aware(field: str, value: object) -> datetime:

@@ -77,6 +77,37 @@ class InvalidArgument(InvalidPayload):
         self.argument = argument
 
 
+class DependencyError(ValidationError):
+    """A task's ``depends_on`` cannot be accepted (issue 16): a cycle, the task itself, a
+    duplicate, an unknown parent, too many parents. Raised before anything is written."""
+
+    def __init__(self, message: str, *, task_id: object = None) -> None:
+        super().__init__("depends_on", message)
+        self.task_id = task_id
+
+
+class DependencyCycle(DependencyError):
+    """The tasks of one batch depend on each other in a circle (``cycle``: their ids, in
+    dependency order, the first repeated at the end); such tasks could never run."""
+
+    def __init__(self, cycle: list[Any]) -> None:
+        super().__init__(
+            "the tasks form a cycle: " + " -> ".join(str(t) for t in cycle), task_id=cycle[0]
+        )
+        self.cycle = cycle
+
+
+class UnknownParent(DependencyError):
+    """A parent id is neither in the same batch nor an existing task (``parent_id``)."""
+
+    def __init__(self, parent_id: object, *, task_id: object = None) -> None:
+        super().__init__(
+            f"parent {parent_id} is not a task (neither in this batch nor in pgqueue.tasks)",
+            task_id=task_id,
+        )
+        self.parent_id = parent_id
+
+
 class ConfigurationError(PgQueueError):
     """A setting (argument or environment variable) is invalid."""
 

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
-from pgqueue.models import ClaimedTask
+from pgqueue.models import ClaimedTask, Parent
 from pgqueue.queries import arun, run, task_complete
 from pgqueue.registry import Cancel, Handler, Retry, Snooze
 from pgqueue.result_encoding import encode_result
@@ -44,6 +44,11 @@ class TaskContext:
     or not at all.
     """
 
+    @property
+    def parent_results(self) -> list[Any]:
+        """The parents' results, in depends_on order (None for one that did not complete)."""
+        return [p.result for p in self.parents]
+
     def __init__(
         self,
         task: ClaimedTask,
@@ -60,6 +65,10 @@ class TaskContext:
         self.lease = task.lease
         self.lease_expires_at: datetime = task.lease_expires_at
         self.worker_id = worker_id
+        # Issue 16: the task's parents in depends_on order (status, result, error each), and
+        # its workflow. A run-anyway step sees here which parents failed.
+        self.parents: tuple[Parent, ...] = task.parents
+        self.workflow_id: uuid.UUID | None = task.workflow_id
         self.cancel_requested = False
         self.lease_lost = False
         self.timed_out = False

@@ -33,6 +33,10 @@ class TaskStatus(enum.StrEnum):
     - ``failed``: attempts spent; this is the dead-letter queue. An operator replays
       (back to queued, fresh attempts) or discards it.
     - ``cancelled``: cancelled before it ran (or cooperatively while running); final.
+    - ``waiting``: enqueued with ``depends_on`` and at least one parent not final yet (issue
+      16). No claim reads it; the statement that finishes its last parent moves it to queued
+      (or, when a parent failed and it was not declared to run anyway, to cancelled); an
+      operator's cancel cancels it.
     """
 
     QUEUED = "queued"
@@ -40,6 +44,7 @@ class TaskStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    WAITING = "waiting"
 
     @property
     def is_final(self) -> bool:
@@ -179,6 +184,12 @@ class Task:
     # expires if no attempt has been spent by then (None: never).
     snoozes: int = 0
     expires_at: datetime | None = None
+    # Issue 16: the workflow the task belongs to (None: a plain task), how many groups of its
+    # parents are not final yet (None: it never had parents; 0: all final), and the parent
+    # whose failure or cancellation cancelled it (None otherwise).
+    workflow_id: uuid.UUID | None = None
+    parents_pending: int | None = None
+    cancelled_by: uuid.UUID | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -209,6 +220,9 @@ class Task:
             ready_since=row.get("ready_since") or row["visible_after"],
             snoozes=row.get("snoozes") or 0,
             expires_at=row.get("expires_at"),
+            workflow_id=row.get("workflow_id"),
+            parents_pending=row.get("parents_pending"),
+            cancelled_by=row.get("cancelled_by"),
         )
 
     @property
@@ -277,6 +291,12 @@ class ClaimedTask:
     created_at: datetime
     # The submitting span's W3C context when tracing was on (see pgqueue.tracing).
     trace_context: dict[str, str] | None = None
+    # Issue 16: whether it was enqueued with depends_on (the worker then reads its parents,
+    # for ctx.parents, in one query per claimed batch), and its workflow.
+    has_parents: bool = False
+    workflow_id: uuid.UUID | None = None
+    # Its parents in depends_on order, read by the worker after the claim (ctx.parents).
+    parents: tuple[Parent, ...] = ()
 
     @property
     def lease(self) -> Lease:
@@ -285,6 +305,23 @@ class ClaimedTask:
     @property
     def is_last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
+
+
+@dataclasses.dataclass(frozen=True)
+class Parent:
+    """One end of a dependency (issue 16): a parent of a task (``pgqueue.parents``,
+    ``ctx.parents``) or a dependant (``pgqueue.children``), with its status now, its place in
+    the child's depends_on, whether the child runs anyway if it fails, its result (decoded
+    JSON, None until completed) and its last error. ``status`` and ``type`` are None for a
+    task since pruned."""
+
+    task_id: uuid.UUID
+    type: str | None
+    status: TaskStatus | None
+    position: int
+    run_anyway: bool
+    result: Any = None
+    error: str | None = None
 
 
 class FailOutcome(enum.StrEnum):

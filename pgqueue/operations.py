@@ -32,6 +32,7 @@ from pgqueue.models import (
     Limit,
     LimitKind,
     OldestSnapshot,
+    Parent,
     QueueBacklog,
     QueueState,
     QueueStats,
@@ -328,6 +329,19 @@ def _check_arguments(type: str, payload: Mapping[str, Any]) -> Op[None]:
 
 
 # --- inspecting and operating ----------------------------------------------------------------
+
+
+@operation
+def parents(task_id: uuid.UUID | str) -> Op[list[Parent]]:
+    """The parents of a task (its depends_on, in that order) with their statuses and
+    results; empty for a task without parents (issue 16)."""
+    return queries.task_parents(parse_task_id(task_id))
+
+
+@operation
+def children(task_id: uuid.UUID | str) -> Op[list[Parent]]:
+    """The tasks that depend on this one, with their statuses (issue 16)."""
+    return queries.task_children(parse_task_id(task_id))
 
 
 @operation

@@ -33,6 +33,7 @@ from pgqueue.errors import (
     LeaseLost,
     SchemaNotReady,
     TaskNotFound,
+    UnknownParent,
 )
 from pgqueue.models import (
     ClaimedTask,
@@ -44,6 +45,7 @@ from pgqueue.models import (
     Limit,
     LimitKind,
     OldestSnapshot,
+    Parent,
     Priority,
     QueueBacklog,
     QueueState,
@@ -347,6 +349,11 @@ class TaskSpec(NamedTuple):
     # (at most one of the two; neither: never expires).
     expires_at: datetime | None = None
     expires_in: float | None = None
+    # Issue 16: the parents (task ids, in the caller's order), whether the task runs even
+    # when a parent failed or was cancelled (on_parent_failure="run"), and its workflow.
+    depends_on: tuple[uuid.UUID, ...] = ()
+    run_anyway: bool = False
+    workflow_id: uuid.UUID | None = None
 
 
 # The retry policy of a task whose caller and type declared none.
@@ -418,6 +425,9 @@ def task_insert(
     """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing).
     A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue or
     payload, raises IdempotencyConflict (no SQL error: the transaction stays usable)."""
+    if _in_graph(spec):
+        (task,) = yield from task_insert_dependent([spec], now, trace_context)
+        return task, True
     rows = yield Query(
         "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
         {
@@ -588,6 +598,15 @@ def task_insert_many(
     trace = _trace_json(trace_context)
     if not specs:
         return []
+    graph = [s for s in specs if _in_graph(s)]
+    if graph:
+        specs_all = specs
+        specs = [s for s in specs if not _in_graph(s)]
+        done = yield from task_insert_many(specs, now, trace_context, key_reuse)
+        batch = {s.id for s in specs_all}
+        created = yield from task_insert_dependent(graph, now, trace_context, batch)
+        by_id = {t.id: (t, c) for t, c in done} | {t.id: (t, True) for t in created}
+        return [by_id[s.id] for s in specs_all]
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
     inserted_ids: list[uuid.UUID] = []  # all a refusal has to undo
     plain = [s for s in specs if s.idempotency_key is None]
@@ -714,6 +733,121 @@ def _insert_keyed(
                 inserted_ids.append(result[0].id)
             out.append(result)
     return out
+
+
+def _in_graph(spec: TaskSpec) -> bool:
+    """Whether a task goes in by task_insert_dependent: it has parents or a workflow (and no
+    idempotency key, which prepare refuses with parents)."""
+    return bool(spec.depends_on) or (spec.workflow_id is not None and spec.idempotency_key is None)
+
+
+def task_insert_dependent(
+    specs: Sequence[TaskSpec],
+    now: datetime | None = None,
+    trace_context: Mapping[str, str] | None = None,
+    batch: set[uuid.UUID] | None = None,
+) -> Op[list[Task]]:
+    """Insert tasks with parents (issue 16) and their edges in one statement; UnknownParent
+    (nothing written) for a parent neither in ``batch`` (the ids of the enqueue_many batch)
+    nor in the table. A cycle among the batch's tasks is refused before (DependencyCycle)."""
+    from pgqueue import dependencies
+
+    inside = batch or set()
+    dependencies.check_acyclic({s.id: s.depends_on for s in specs})
+    edges = [
+        (s.id, p, i, s.run_anyway, p in inside) for s in specs for i, p in enumerate(s.depends_on)
+    ]
+    rows = yield Query(
+        "task_insert_dependent",
+        {
+            "edge_children": [e[0] for e in edges],
+            "edge_parents": [e[1] for e in edges],
+            "edge_positions": [e[2] for e in edges],
+            "edge_run_anyway": [e[3] for e in edges],
+            "edge_in_batch": [e[4] for e in edges],
+            "ids": [s.id for s in specs],
+            "queues": [s.queue for s in specs],
+            "types": [s.type for s in specs],
+            "payloads": [s.payload_json for s in specs],
+            "priorities": [None if s.priority is None else int(s.priority) for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+            "backoff_bases": [s.backoff_base for s in specs],
+            "backoff_factors": [s.backoff_factor for s in specs],
+            "backoff_caps": [s.backoff_cap for s in specs],
+            "run_ats": [s.run_at for s in specs],
+            "delays": [s.delay_seconds for s in specs],
+            "explicits": [_explicit(s) for s in specs],
+            "expires_ats": [s.expires_at for s in specs],
+            "expires_ins": [s.expires_in for s in specs],
+            "workflow_ids": [s.workflow_id for s in specs],
+            "now": now,
+            "trace_context": _trace_json(trace_context),
+            **_defaults(),
+        },
+        prepare=False,
+    )
+    missing = rows[0]["missing"] if rows else None
+    if missing:
+        child = next((s.id for s in specs if missing[0] in s.depends_on), None)
+        raise UnknownParent(missing[0], task_id=child)
+    by_id = {row["id"]: row for row in rows}
+    out = []
+    for s in specs:
+        row = by_id[s.id]
+        task = _inserted(
+            s,
+            row["created_at"],
+            row["visible_after"],
+            row["max_attempts"],
+            row["queue"],
+            row["priority"],
+            row["expires_at"],
+        )
+        out.append(
+            dataclasses.replace(
+                task,
+                status=TaskStatus(row["status"]),
+                workflow_id=row["workflow_id"],
+                parents_pending=row["parents_pending"],
+                cancelled_by=row["cancelled_by"],
+                last_error=row["last_error"],
+                finished_at=row["finished_at"],
+            )
+        )
+    return out
+
+
+def _parent(row: Row) -> Parent:
+    return Parent(
+        task_id=row["task_id"],
+        type=row["type"],
+        status=None if row["status"] is None else TaskStatus(row["status"]),
+        position=row["position"],
+        run_anyway=row["run_anyway"],
+        result=row["result"],
+        error=row["error"],
+    )
+
+
+def task_parents(task_id: uuid.UUID) -> Op[list[Parent]]:
+    """A task's parents in depends_on order (issue 16)."""
+    rows = yield Query("task_parents", {"id": task_id})
+    return [_parent(r) for r in rows]
+
+
+def task_children(task_id: uuid.UUID) -> Op[list[Parent]]:
+    """A task's dependants; ``position`` is this task's place in each one's depends_on."""
+    rows = yield Query("task_children", {"id": task_id})
+    return [_parent(r) for r in rows]
+
+
+def task_parents_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, tuple[Parent, ...]]]:
+    """The parents of many tasks in one query (the worker, per claimed batch)."""
+    rows = yield Query("task_parents_many", {"ids": list(ids)}, prepare=False)
+    out: dict[uuid.UUID, list[Parent]] = {}
+    for r in rows:
+        out.setdefault(r["child_id"], []).append(_parent(r))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def task_get(task_id: uuid.UUID) -> Op[Task]:
@@ -849,6 +983,8 @@ def _claimed(rows: list[Row]) -> list[ClaimedTask]:
             lease_expires_at=r["lease_expires_at"],
             created_at=r["created_at"],
             trace_context=r["trace_context"],
+            has_parents=bool(r.get("has_parents")),
+            workflow_id=r.get("workflow_id"),
         )
         for r in rows
     ]

@@ -299,7 +299,9 @@ UPDATE pgqueue.tasks AS t
   FROM next, clock
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-          t.lease_token, t.lease_expires_at, t.created_at, t.trace_context;
+          t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
+          -- Issue 16: columns of the row the claim updates anyway (no read more).
+          t.parents_pending IS NOT NULL AS has_parents, t.workflow_id;
 
 -- name: limits_probe
 -- Whether any limit exists, and whether a task under one may be waiting in these queues: one
@@ -445,7 +447,8 @@ claimed AS (
       FROM locked, clock
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
-              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context
+              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
+              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id  -- issue 16
 ),
 started AS (
     SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
@@ -533,8 +536,12 @@ RETURNING t.id
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+),
+-- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
+settled AS MATERIALIZED (
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_fail
 -- A failed attempt: queued again after a backoff, or dead-lettered when attempts are spent.
@@ -581,8 +588,12 @@ RETURNING t.id, t.status, t.attempts, t.visible_after
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+),
+-- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+settled AS MATERIALIZED (
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status <> 'queued'
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_cancel_leased
 -- A handler asked to cancel its own task: final, no retry.
@@ -598,8 +609,12 @@ RETURNING t.id
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
+),
+-- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
+settled AS MATERIALIZED (
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_snooze
 -- A handler raised Snooze(after=...) (issue 15): back to queued, visible `after` seconds
@@ -628,8 +643,11 @@ snoozed AS (
 ),
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
+),
+settled AS MATERIALIZED (  -- issue 16: a cancel is final
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
 )
-SELECT s.* FROM snoozed AS s, woken;
+SELECT s.* FROM snoozed AS s, woken, settled;
 
 -- name: task_heartbeat
 -- Extend the leases the caller still holds; the answer says which are still held and
@@ -683,8 +701,11 @@ RETURNING t.id, t.queue, t.status
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+),
+settled AS MATERIALIZED (  -- issue 16: a cancel is final
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_sweep_expired
 -- Take back tasks whose worker stopped renewing its lease (crashed, killed, hung, cut off).
@@ -735,8 +756,12 @@ RETURNING t.id, t.status, t.type, t.attempts
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+),
+-- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+settled AS MATERIALIZED (
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status <> 'queued'
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_expire
 -- Waiting tasks whose expiry passed before any attempt was spent (issue 15) end cancelled,
@@ -761,8 +786,9 @@ expired AS (
     RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at
 ),
 -- Wake whoever waits on them (see task_waiter_add): an expiry is a final status too.
-woken AS MATERIALIZED (SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM expired)
-SELECT e.* FROM expired AS e, woken;
+woken AS MATERIALIZED (SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM expired),
+settled AS MATERIALIZED (SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM expired)
+SELECT e.* FROM expired AS e, woken, settled;
 
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
@@ -775,11 +801,12 @@ SELECT e.* FROM expired AS e, woken;
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 finished AS (
 UPDATE pgqueue.tasks AS t
-   SET status = CASE WHEN t.status = 'queued' THEN 'cancelled' ELSE t.status END,
-       finished_at = CASE WHEN t.status = 'queued' THEN clock.now ELSE t.finished_at END,
+   SET status = CASE WHEN t.status IN ('queued', 'waiting') THEN 'cancelled' ELSE t.status END,
+       finished_at = CASE WHEN t.status IN ('queued', 'waiting') THEN clock.now
+                          ELSE t.finished_at END,
        cancel_requested = true
   FROM clock
- WHERE t.id = %(id)s AND t.status IN ('queued', 'running')
+ WHERE t.id = %(id)s AND t.status IN ('queued', 'running', 'waiting')
 RETURNING t.*,
           CASE WHEN t.status = 'running'
                THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
@@ -788,8 +815,11 @@ RETURNING t.*,
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+),
+settled AS MATERIALIZED (  -- issue 16: a cancel is final
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
 )
-SELECT f.* FROM finished AS f, woken;
+SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_replay
 -- Dead letters back to queued with fresh attempts, by id or by filter, one batch at a time:
@@ -913,6 +943,14 @@ doomed AS (
               FOR UPDATE SKIP LOCKED
            ) AS d
      LIMIT %(limit)s
+),
+-- Issue 16: a pruned task's own edges and buckets go with it (primary-key ranges, by
+-- child_id); its edges as a parent stay until its dependants are pruned in turn.
+edges_gone AS (
+    DELETE FROM pgqueue.task_dependencies AS d USING doomed WHERE d.child_id = doomed.id
+),
+buckets_gone AS (
+    DELETE FROM pgqueue.task_dependency_buckets AS b USING doomed WHERE b.child_id = doomed.id
 )
 DELETE FROM pgqueue.tasks AS t USING doomed WHERE t.id = doomed.id
 RETURNING t.id;
@@ -1349,3 +1387,129 @@ SELECT kind, holder, pid, state, seconds, xid_age
          WHERE database = current_database()) AS holders
  ORDER BY xid_age DESC, seconds DESC NULLS LAST
  LIMIT 1;
+
+-- name: task_insert_dependent
+-- Tasks with parents (depends_on) or a workflow (issue 16), in one statement: all or nothing.
+-- The parents outside the batch are locked FOR SHARE (in id order) so that none can finish
+-- between this read and the commit: a parent finishing later sees these edges and counts
+-- them (task_dependants_settle); one already final is counted here. A task is inserted
+-- 'waiting' (some parent not final), 'queued' (every parent completed, or final for a
+-- run-anyway task) or 'cancelled' (a parent failed or was cancelled). A parent not found
+-- makes the statement insert nothing and name it (missing).
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+e AS (
+    SELECT * FROM unnest(%(edge_children)s::uuid[], %(edge_parents)s::uuid[],
+                         %(edge_positions)s::integer[], %(edge_run_anyway)s::boolean[],
+                         %(edge_in_batch)s::boolean[])
+             AS e(child_id, parent_id, position, run_anyway, in_batch)
+),
+parents AS MATERIALIZED (
+    SELECT t.id, t.type, t.status FROM pgqueue.tasks AS t
+     WHERE t.id IN (SELECT parent_id FROM e WHERE NOT in_batch)
+     ORDER BY t.id
+       FOR SHARE
+),
+edges AS MATERIALIZED (
+    SELECT e.*, p.type AS parent_type,
+           CASE WHEN p.status IN ('completed', 'failed', 'cancelled') THEN p.status END
+               AS outcome,
+           (e.in_batch OR p.id IS NOT NULL) AS known
+      FROM e LEFT JOIN parents AS p ON p.id = e.parent_id
+),
+missing AS MATERIALIZED (SELECT array_agg(parent_id) AS ids FROM edges WHERE NOT known),
+children AS MATERIALIZED (
+    SELECT child_id,
+           bool_or(outcome IN ('failed', 'cancelled') AND NOT run_anyway) AS doomed,
+           count(DISTINCT position / 64) FILTER (WHERE outcome IS NULL) AS open_buckets,
+           (array_agg(format('parent %%s (%%s) %%s', parent_id, parent_type, outcome)
+                      ORDER BY position)
+                FILTER (WHERE outcome IN ('failed', 'cancelled') AND NOT run_anyway))[1]
+               AS reason,
+           (array_agg(parent_id ORDER BY position)
+                FILTER (WHERE outcome IN ('failed', 'cancelled') AND NOT run_anyway))[1]
+               AS cancelled_by
+      FROM edges GROUP BY child_id
+),
+inserted AS (
+    INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                               backoff_factor, backoff_cap, visible_after, created_at,
+                               trace_context, policy_default, expires_at, status,
+                               parents_pending, workflow_id, cancelled_by, last_error,
+                               finished_at)
+    SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
+           coalesce(v.priority, d.priority, %(default_priority)s::smallint),
+           coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
+           coalesce(v.backoff_base, d.backoff_base, %(default_backoff_base)s),
+           coalesce(v.backoff_factor, d.backoff_factor, %(default_backoff_factor)s),
+           coalesce(v.backoff_cap, d.backoff_cap, %(default_backoff_cap)s),
+           coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
+           %(trace_context)s::jsonb,
+           CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END,
+           coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second'),
+           CASE WHEN c.doomed THEN 'cancelled'
+                WHEN coalesce(c.open_buckets, 0) = 0 THEN 'queued' ELSE 'waiting' END,
+           c.open_buckets, v.workflow_id,
+           CASE WHEN c.doomed THEN c.cancelled_by END,
+           CASE WHEN c.doomed THEN c.reason END,
+           CASE WHEN c.doomed THEN clock.now END
+      FROM clock,
+           unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
+                  %(priorities)s::smallint[], %(max_attempts)s::integer[],
+                  %(backoff_bases)s::real[], %(backoff_factors)s::real[],
+                  %(backoff_caps)s::real[], %(run_ats)s::timestamptz[],
+                  %(delays)s::double precision[], %(explicits)s::boolean[],
+                  %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[],
+                  %(workflow_ids)s::uuid[])
+           WITH ORDINALITY
+           AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
+                backoff_cap, run_at, delay, explicit, expires_at, expires_in, workflow_id, n)
+           LEFT JOIN children AS c ON c.child_id = v.id
+           LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
+     WHERE (SELECT ids FROM missing) IS NULL
+     ORDER BY v.n
+    RETURNING id, status, queue, priority, visible_after, created_at, max_attempts, expires_at,
+              parents_pending, cancelled_by, last_error, finished_at, workflow_id
+),
+edges_in AS (
+    INSERT INTO pgqueue.task_dependencies (child_id, parent_id, position, run_anyway, bucket,
+                                           outcome)
+    SELECT child_id, parent_id, position, run_anyway, position / 64, outcome FROM edges
+     WHERE (SELECT ids FROM missing) IS NULL
+),
+buckets_in AS (
+    INSERT INTO pgqueue.task_dependency_buckets (child_id, bucket, pending)
+    SELECT child_id, position / 64, count(*) FROM edges
+     WHERE outcome IS NULL AND (SELECT ids FROM missing) IS NULL
+     GROUP BY child_id, position / 64
+)
+SELECT m.ids AS missing, i.*,
+       CASE WHEN i.status = 'queued' AND i.visible_after <= i.created_at
+            THEN pg_notify('pgqueue', i.queue) END AS notified
+  FROM missing AS m LEFT JOIN inserted AS i ON true;
+
+-- name: task_parents
+-- A task's parents in depends_on order, with their outcome so far (pgqueue.parents).
+SELECT d.parent_id AS task_id, t.type, t.status, d.position, d.run_anyway, t.result,
+       t.last_error AS error
+  FROM pgqueue.task_dependencies AS d
+  LEFT JOIN pgqueue.tasks AS t ON t.id = d.parent_id
+ WHERE d.child_id = %(id)s
+ ORDER BY d.position;
+
+-- name: task_parents_many
+-- The parents of many claimed tasks at once: the worker's one query per claimed batch.
+SELECT d.child_id, d.parent_id AS task_id, t.type, t.status, d.position, d.run_anyway,
+       t.result, t.last_error AS error
+  FROM pgqueue.task_dependencies AS d
+  LEFT JOIN pgqueue.tasks AS t ON t.id = d.parent_id
+ WHERE d.child_id = ANY(%(ids)s::uuid[])
+ ORDER BY d.child_id, d.position;
+
+-- name: task_children
+-- A task's dependants (pgqueue.children), oldest first.
+SELECT d.child_id AS task_id, t.type, t.status, d.position, d.run_anyway, t.result,
+       t.last_error AS error
+  FROM pgqueue.task_dependencies AS d
+  LEFT JOIN pgqueue.tasks AS t ON t.id = d.child_id
+ WHERE d.parent_id = %(id)s
+ ORDER BY t.created_at, d.child_id;

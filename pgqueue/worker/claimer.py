@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -28,6 +29,7 @@ from pgqueue.queries import (
     limits_probe,
     task_claim,
     task_heartbeat,
+    task_parents_many,
     task_types_declare,
 )
 from pgqueue.worker.claim_starts import ClaimStarts
@@ -135,6 +137,13 @@ class Claimer:
         self.starts.claimed(claimed, starts=starts, seconds=time.monotonic() - began)
         if not claimed:
             return claimed
+        with_parents = [t.id for t in claimed if t.has_parents]
+        if with_parents:  # issue 16: one query per claimed batch, only for tasks with parents
+            parents = await arun(conn, task_parents_many(with_parents))
+            claimed = [
+                dataclasses.replace(t, parents=parents.get(t.id, ())) if t.has_parents else t
+                for t in claimed
+            ]
         # A failure here raises: nothing starts, and the leases, never marked, expire into
         # the queue without costing an attempt.
         await arun(conn, lease_starts_mark(self._config.worker_id))

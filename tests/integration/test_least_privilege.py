@@ -194,6 +194,14 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("task_waiters", "SELECT"),
         ("task_waiters", "INSERT"),
         ("task_waiters", "DELETE"),
+        ("task_dependencies", "SELECT"),
+        ("task_dependencies", "INSERT"),
+        ("task_dependencies", "UPDATE"),
+        ("task_dependencies", "DELETE"),
+        ("task_dependency_buckets", "SELECT"),
+        ("task_dependency_buckets", "INSERT"),
+        ("task_dependency_buckets", "UPDATE"),
+        ("task_dependency_buckets", "DELETE"),
         ("queue_depth", "SELECT"),
         ("dead_letters", "SELECT"),
         ("running_tasks", "SELECT"),
@@ -202,6 +210,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("retry_delay", "EXECUTE"),
         ("priority_name", "EXECUTE"),
         ("task_waiters_wake", "EXECUTE"),
+        ("task_dependants_settle", "EXECUTE"),
     }
     if version >= 170000:
         expected.add(("tasks", "MAINTAIN"))

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0010_function_tasks
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0011_workflows
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -67,6 +67,27 @@ ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_name_check CHECK (((lengt
 ALTER TABLE pgqueue.schedules ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 CREATE UNIQUE INDEX schedules_pkey ON pgqueue.schedules USING btree (name);
 
+CREATE TABLE pgqueue.task_dependencies (
+    child_id uuid NOT NULL,
+    parent_id uuid NOT NULL,
+    position integer NOT NULL,
+    run_anyway boolean NOT NULL DEFAULT false,
+    bucket integer NOT NULL,
+    outcome text
+);
+ALTER TABLE pgqueue.task_dependencies ADD CONSTRAINT task_dependencies_pkey PRIMARY KEY (child_id, parent_id);
+CREATE INDEX task_dependencies_parent_idx ON pgqueue.task_dependencies USING btree (parent_id);
+CREATE UNIQUE INDEX task_dependencies_pkey ON pgqueue.task_dependencies USING btree (child_id, parent_id);
+
+CREATE TABLE pgqueue.task_dependency_buckets (
+    child_id uuid NOT NULL,
+    bucket integer NOT NULL,
+    pending integer NOT NULL
+);
+ALTER TABLE pgqueue.task_dependency_buckets ADD CONSTRAINT task_dependency_buckets_pending_check CHECK ((pending >= 0));
+ALTER TABLE pgqueue.task_dependency_buckets ADD CONSTRAINT task_dependency_buckets_pkey PRIMARY KEY (child_id, bucket);
+CREATE UNIQUE INDEX task_dependency_buckets_pkey ON pgqueue.task_dependency_buckets USING btree (child_id, bucket);
+
 CREATE TABLE pgqueue.task_types (
     type text NOT NULL,
     max_attempts integer,
@@ -122,7 +143,10 @@ CREATE TABLE pgqueue.tasks (
     submitted_priority smallint,
     policy_default boolean,
     snoozes integer,
-    expires_at timestamp with time zone
+    expires_at timestamp with time zone,
+    workflow_id uuid,
+    parents_pending integer,
+    cancelled_by uuid
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -131,7 +155,7 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_max_attempts_check CHECK ((max_at
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200)));
-ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
 CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
 CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE (status = 'queued'::text);
@@ -141,6 +165,7 @@ CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHE
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
+CREATE INDEX tasks_workflow_idx ON pgqueue.tasks USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 -- pgqueue.backlog reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.backlog (
@@ -263,6 +288,101 @@ CREATE OR REPLACE FUNCTION pgqueue.retry_delay(attempts integer, base real, fact
  LANGUAGE sql
  PARALLEL SAFE
 RETURN (LEAST((cap)::double precision, ((base)::double precision * power((factor)::double precision, (GREATEST((attempts - 1), 0))::double precision))) * ((1.0)::double precision - (random() * (0.5)::double precision)));
+
+CREATE OR REPLACE FUNCTION pgqueue.task_dependants_settle(parent_ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+    DECLARE
+        ids uuid[] := parent_ids;
+        released integer := 0;
+        n integer;
+    BEGIN
+        WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
+            -- A plain task (no dependants) costs one probe of the parent index.
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM pgqueue.task_dependencies
+                                   WHERE parent_id = ANY(ids) AND outcome IS NULL);
+            CREATE TEMP TABLE IF NOT EXISTS pgqueue_settled (
+                child_id uuid, bucket integer, doom boolean, parent_id uuid, reason text
+            ) ON COMMIT DROP;
+            TRUNCATE pgqueue_settled;
+            WITH counted AS (
+                UPDATE pgqueue.task_dependencies AS d SET outcome = p.status
+                  FROM pgqueue.tasks AS p
+                 WHERE d.parent_id = ANY(ids) AND d.outcome IS NULL AND p.id = d.parent_id
+                   AND p.status IN ('completed', 'failed', 'cancelled')
+                RETURNING d.child_id, d.bucket, d.position, d.run_anyway, p.id, p.type,
+                          p.status
+            )
+            INSERT INTO pgqueue_settled
+            SELECT child_id, bucket,
+                   status IN ('failed', 'cancelled') AND NOT run_anyway, id,
+                   format('parent %s (%s) %s', id, type, status)
+              FROM counted;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            EXIT WHEN n = 0;
+            -- Buckets, locked in key order, then emptied by the edges counted.
+            PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
+              JOIN (SELECT DISTINCT child_id, bucket FROM pgqueue_settled) AS s
+                USING (child_id, bucket)
+             ORDER BY b.child_id, b.bucket FOR UPDATE OF b;
+            WITH g AS (SELECT child_id, bucket, count(*) AS k FROM pgqueue_settled
+                        GROUP BY child_id, bucket),
+            emptied AS (
+                UPDATE pgqueue.task_dependency_buckets AS b SET pending = b.pending - g.k
+                  FROM g WHERE b.child_id = g.child_id AND b.bucket = g.bucket
+                RETURNING b.child_id, b.pending
+            ),
+            per_child AS (
+                SELECT c.child_id,
+                       (SELECT count(*) FROM emptied AS e
+                         WHERE e.child_id = c.child_id AND e.pending = 0) AS closed,
+                       (SELECT s.parent_id FROM pgqueue_settled AS s
+                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS doomed_by,
+                       (SELECT s.reason FROM pgqueue_settled AS s
+                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS reason
+                  FROM (SELECT DISTINCT child_id FROM pgqueue_settled) AS c
+            ),
+            locked AS MATERIALIZED (
+                SELECT t.id FROM pgqueue.tasks AS t JOIN per_child AS c ON c.child_id = t.id
+                 ORDER BY t.id FOR UPDATE OF t
+            ),
+            moved AS (
+                UPDATE pgqueue.tasks AS t
+                   SET parents_pending = t.parents_pending - c.closed,
+                       status = CASE WHEN t.status <> 'waiting' THEN t.status
+                                     WHEN c.doomed_by IS NOT NULL THEN 'cancelled'
+                                     WHEN t.parents_pending - c.closed = 0 THEN 'queued'
+                                     ELSE t.status END,
+                       cancelled_by = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                           THEN c.doomed_by ELSE t.cancelled_by END,
+                       last_error = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                         THEN c.reason ELSE t.last_error END,
+                       finished_at = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                                          THEN now() ELSE t.finished_at END,
+                       visible_after = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NULL
+                                             AND t.parents_pending - c.closed = 0
+                                            THEN greatest(t.visible_after, now())
+                                            ELSE t.visible_after END
+                  FROM per_child AS c, locked AS l
+                 WHERE t.id = c.child_id AND l.id = c.child_id
+                RETURNING t.id, t.queue, t.status, t.visible_after,
+                          t.status = 'cancelled' AND t.finished_at = now() AS just_cancelled
+            ),
+            woke AS (
+                SELECT count(pg_notify('pgqueue', q.queue)) AS k
+                  FROM (SELECT DISTINCT queue FROM moved WHERE status = 'queued') AS q
+            )
+            SELECT array_agg(id) FILTER (WHERE just_cancelled),
+                   count(*) FILTER (WHERE status = 'queued') + max(woke.k) * 0
+              INTO ids, n
+              FROM moved, woke;
+            released := released + coalesce(n, 0);
+            PERFORM pgqueue.task_waiters_wake(ids);
+        END LOOP;
+        RETURN released;
+    END
+    $function$;
 
 CREATE OR REPLACE FUNCTION pgqueue.task_waiters_wake(ids uuid[])
  RETURNS integer

@@ -1,0 +1,165 @@
+"""Dependencies between tasks (issue 16) against real PostgreSQL: a child waits until its
+parents are final, is released in the transaction that finishes its last parent, and is
+cancelled (reason naming the parent) when a parent fails, unless it runs anyway."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import run_worker_until
+
+import pgqueue
+from pgqueue.models import TaskStatus
+
+
+def claim(conn: psycopg.Connection[Any]) -> list[pgqueue.ClaimedTask]:
+    return pgqueue.claim(conn, ["default"], limit=100, worker_id="w")
+
+
+def status(conn: psycopg.Connection[Any], task_id: uuid.UUID) -> TaskStatus:
+    return pgqueue.get_task(conn, task_id).status
+
+
+def test_child_waits_and_is_released_by_its_last_parents_completion(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {})
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[a, b.id])
+    assert child.task.status is TaskStatus.WAITING
+    conn.commit()
+    claimed = claim(conn)
+    assert {t.id for t in claimed} == {a.id, b.id}  # the waiting child is not claimed
+    first, second = sorted(claimed, key=lambda t: t.type)
+    pgqueue.complete(conn, first.lease, {"x": 1})
+    conn.commit()
+    assert status(conn, child.id) is TaskStatus.WAITING
+    pgqueue.complete(conn, second.lease, {"y": 2})
+    # Released in the same transaction as the completion.
+    assert status(conn, child.id) is TaskStatus.QUEUED
+    conn.commit()
+    (claimed_child,) = claim(conn)
+    assert claimed_child.id == child.id
+
+
+def test_retry_of_a_parent_releases_nothing_and_dead_letter_cancels(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {}, max_attempts=2)
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    cleanup = pgqueue.enqueue(conn, "z", {}, depends_on=[parent], on_parent_failure="run")
+    conn.commit()
+    (p,) = claim(conn)
+    pgqueue.fail(conn, p.lease, "boom", retry_after=0)
+    conn.commit()
+    assert status(conn, child.id) is TaskStatus.WAITING
+    assert status(conn, cleanup.id) is TaskStatus.WAITING
+    (p,) = claim(conn)
+    pgqueue.fail(conn, p.lease, "boom again", retry_after=0)
+    conn.commit()
+    task = pgqueue.get_task(conn, child.id)
+    assert task.status is TaskStatus.CANCELLED
+    assert task.cancelled_by == parent.id
+    assert task.last_error == f"parent {parent.id} (p) failed"
+    assert status(conn, cleanup.id) is TaskStatus.QUEUED
+
+
+def test_operator_cancel_of_a_parent_cascades_down_the_graph(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {}, depends_on=[a])
+    c = pgqueue.enqueue(conn, "c", {}, depends_on=[b])
+    conn.commit()
+    pgqueue.cancel(conn, a.id)
+    conn.commit()
+    assert status(conn, b.id) is TaskStatus.CANCELLED
+    tc = pgqueue.get_task(conn, c.id)
+    assert tc.status is TaskStatus.CANCELLED and tc.cancelled_by == b.id
+
+
+def test_enqueue_many_with_a_chain_inside_the_batch(conn: Any) -> None:
+    first = pgqueue.prepare("one", {})
+    second = pgqueue.prepare("two", {}, depends_on=[first])
+    results = pgqueue.enqueue_many(conn, [first, second, {"type": "three", "depends_on": [second]}])
+    assert [r.task.status for r in results] == [
+        TaskStatus.QUEUED,
+        TaskStatus.WAITING,
+        TaskStatus.WAITING,
+    ]
+
+
+def test_unknown_parent_and_cycle_are_refused_with_nothing_written(conn: Any) -> None:
+    ghost = uuid.uuid4()
+    with pytest.raises(pgqueue.UnknownParent) as info:
+        pgqueue.enqueue(conn, "c", {}, depends_on=[ghost])
+    assert info.value.parent_id == ghost
+    a = pgqueue.prepare("a", {})
+    with pytest.raises(pgqueue.UnknownParent):
+        pgqueue.enqueue_many(conn, [a, {"type": "b", "depends_on": [ghost]}])
+    conn.rollback()
+    assert pgqueue.list_tasks(conn) == [] or not any(t.id == a.id for t in pgqueue.list_tasks(conn))
+    with pytest.raises(pgqueue.DependencyError):
+        pgqueue.prepare("a", {}, depends_on=[a, a])
+
+
+def test_a_child_of_a_completed_parent_is_queued_at_once(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {})
+    conn.commit()
+    (p,) = claim(conn)
+    pgqueue.complete(conn, p.lease, None)
+    conn.commit()
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    assert child.task.status is TaskStatus.QUEUED
+
+
+def test_parents_children_and_the_claim_flags(conn: Any) -> None:
+    a = pgqueue.enqueue(conn, "a", {})
+    b = pgqueue.enqueue(conn, "b", {})
+    wf = uuid.uuid4()
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[b, a], workflow_id=wf)
+    conn.commit()
+    ps = pgqueue.parents(conn, child.id)
+    assert [(p.task_id, p.position) for p in ps] == [(b.id, 0), (a.id, 1)]
+    assert [c.task_id for c in pgqueue.children(conn, a.id)] == [child.id]
+    for t in claim(conn):
+        pgqueue.complete(conn, t.lease, {"from": t.type})
+    (claimed,) = claim(conn)
+    assert claimed.has_parents and claimed.workflow_id == wf
+    assert [p.result for p in pgqueue.parents(conn, child.id)] == [{"from": "b"}, {"from": "a"}]
+
+
+def test_pruning_a_child_deletes_its_edges_and_buckets(conn: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {})
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    pgqueue.cancel(conn, parent.id)  # cascades: the child is cancelled too
+    assert status(conn, child.id) is TaskStatus.CANCELLED
+    edges = "SELECT count(*) FROM pgqueue.task_dependencies WHERE child_id = %s"
+    assert conn.execute(edges, (child.id,)).fetchone() == (1,)
+    later = datetime.now(UTC) + timedelta(days=30)
+    assert pgqueue.prune(conn, now=later) == 2
+    assert conn.execute(edges, (child.id,)).fetchone() == (0,)
+
+
+def test_a_worker_gives_the_handler_its_parents_results_in_order(
+    database_url: str, conn: Any
+) -> None:
+    seen: dict[str, Any] = {}
+    tasks = pgqueue.TaskRegistry()
+
+    @tasks.handler("member")
+    def member(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> Any:
+        return payload["n"] * 10
+
+    @tasks.handler("callback")
+    def callback(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> Any:
+        seen["results"] = ctx.parent_results
+        seen["statuses"] = [p.status for p in ctx.parents]
+        return sum(ctx.parent_results)
+
+    members = [pgqueue.prepare("member", {"n": n}) for n in range(5)]
+    (*_, cb) = pgqueue.enqueue_many(
+        conn, [*members, {"type": "callback", "depends_on": list(reversed(members))}]
+    )
+    conn.commit()
+    run_worker_until(database_url, tasks, lambda: status(conn, cb.id) is TaskStatus.COMPLETED)
+    assert seen["results"] == [40, 30, 20, 10, 0]
+    assert seen["statuses"] == [TaskStatus.COMPLETED] * 5
