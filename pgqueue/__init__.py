@@ -59,6 +59,17 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
     from pgqueue.handle import TaskHandle
+    from pgqueue.workflows import (
+        Chain,
+        Chord,
+        Group,
+        Step,
+        WorkflowHandle,
+        chain,
+        chord,
+        group,
+        step,
+    )
     from pgqueue.models import (
         ClaimedTask,
         EnqueueResult,
@@ -160,6 +171,17 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "pgqueue.executor": ("TaskContext",),
     "pgqueue.function_tasks": ("TaskFunction",),
     "pgqueue.handle": ("TaskHandle",),
+    "pgqueue.workflows": (
+        "Chain",
+        "Chord",
+        "Group",
+        "Step",
+        "WorkflowHandle",
+        "chain",
+        "chord",
+        "group",
+        "step",
+    ),
     "pgqueue.models": (
         "ClaimedTask",
         "EnqueueResult",
@@ -372,3 +394,6 @@ __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
 
 # Issue 16: dependencies between tasks.
 __all__ += ["DependencyCycle", "DependencyError", "Parent", "UnknownParent", "children", "parents"]
+
+# Issue 16: workflows (chain, group, chord of steps).
+__all__ += ["Chain", "Chord", "Group", "Step", "WorkflowHandle", "chain", "chord", "group", "step"]
