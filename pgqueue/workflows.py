@@ -20,6 +20,7 @@ visible in psql and the dashboard), which the worker replaces with the parents' 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -332,12 +333,27 @@ class WorkflowHandle:
         # TODO(integrator): delegate to pgqueue.wait_workflow(conn, self.id, timeout=timeout)
         # once wf-operate lands (it also raises on failure/cancel like a task wait); until
         # then, wait for the sink task(s) through pgqueue.wait.
-        return _final([s.wait(conn, timeout=timeout) for s in self.sinks])
+        deadline = time.monotonic() + timeout
+        return _final(
+            [s.wait(conn, timeout=_left(timeout, deadline, i)) for i, s in enumerate(self.sinks)]
+        )
 
     async def await_result(self, conn: Any, *, timeout: float) -> Any:
         """As :meth:`wait`, on an async connection."""
         # TODO(integrator): pgqueue.aio.wait_workflow(conn, self.id, timeout=timeout).
-        return _final([await s.wait_async(conn, timeout=timeout) for s in self.sinks])
+        deadline = time.monotonic() + timeout
+        return _final(
+            [
+                await s.wait_async(conn, timeout=_left(timeout, deadline, i))
+                for i, s in enumerate(self.sinks)
+            ]
+        )
+
+
+def _left(timeout: float, deadline: float, index: int) -> float:
+    """What remains of one timeout shared by the waits for several final tasks (the first
+    wait gets it as given, so that a bad one is refused there)."""
+    return timeout if index == 0 else max(deadline - time.monotonic(), 0.001)
 
 
 def _final(tasks: list[Any]) -> Any:
