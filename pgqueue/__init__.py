@@ -59,17 +59,6 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
     from pgqueue.handle import TaskHandle
-    from pgqueue.workflows import (
-        Chain,
-        Chord,
-        Group,
-        Step,
-        WorkflowHandle,
-        chain,
-        chord,
-        group,
-        step,
-    )
     from pgqueue.models import (
         ClaimedTask,
         EnqueueResult,
@@ -137,6 +126,17 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     )
     from pgqueue.registry import Cancel, Retry, Snooze, TaskRegistry
     from pgqueue.worker import Worker, WorkerConfig
+    from pgqueue.workflows import (
+        Chain,
+        Chord,
+        Group,
+        Step,
+        WorkflowHandle,
+        chain,
+        chord,
+        group,
+        step,
+    )
 
 # Where each public name lives, by module; read by __getattr__.
 _HOMES: dict[str, tuple[str, ...]] = {

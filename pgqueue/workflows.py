@@ -23,16 +23,13 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pgqueue.dependencies import parse_on_parent_failure
 from pgqueue.enqueue import new_task_id, prepare
 from pgqueue.errors import ValidationError
 from pgqueue.handle import TaskHandle
 from pgqueue.queries import TaskSpec
-
-if TYPE_CHECKING:
-    from pgqueue.function_tasks import TaskFunction
 
 # The marker a function step's payload holds in the parameter that receives its parents'
 # results; the worker replaces it (function_tasks.fill_parent_results).
@@ -185,10 +182,9 @@ def step(type: str, payload: Mapping[str, Any] | None = None, **options: Any) ->
     return Step(type, payload, checked)
 
 
-def function_step(
-    fn: TaskFunction[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Step:
-    """``fn.s(*args, **kwargs)``: the call's arguments bound and checked, allowing exactly
+def function_step(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+    """``fn.s(*args, **kwargs)`` for a TaskFunction ``fn`` (not imported here: function_tasks
+    imports this module): the call's arguments bound and checked, allowing exactly
     one missing parameter: the first positional one they leave unbound, which receives the
     parents' results."""
     payload, receives, required = fn.partial_arguments(*args, **kwargs)
@@ -203,9 +199,8 @@ def function_step(
 def _node(value: Any, where: str) -> Node:
     if isinstance(value, Node):
         return value
-    from pgqueue.function_tasks import TaskFunction
-
-    hint = " (call .s(...) on it to make a step)" if isinstance(value, TaskFunction) else ""
+    # A TaskFunction (by its .s, since function_tasks imports this module).
+    hint = " (call .s(...) on it to make a step)" if callable(getattr(value, "s", None)) else ""
     raise ValidationError(
         where,
         f"must be a step (fn.s(...), pgqueue.step(...)) or a chain, group or chord, "
