@@ -20,7 +20,6 @@ visible in psql and the dashboard), which the worker replaces with the parents' 
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,6 +28,7 @@ from pgqueue.dependencies import parse_on_parent_failure
 from pgqueue.enqueue import new_task_id, prepare
 from pgqueue.errors import ValidationError
 from pgqueue.handle import TaskHandle
+from pgqueue.operations import enqueue_many, wait_workflow
 from pgqueue.queries import TaskSpec
 
 # The marker a function step's payload holds in the parameter that receives its parents'
@@ -85,8 +85,6 @@ class Node:
         """Write the whole workflow in the caller's transaction (a psycopg connection or a
         SQLAlchemy Session, like ``pgqueue.enqueue_many``) with one ``enqueue_many``; nothing
         is written when any step is refused."""
-        from pgqueue.operations import enqueue_many
-
         workflow_id, specs, sinks = self.build()
         results = enqueue_many(conn, specs)
         return WorkflowHandle(workflow_id, [TaskHandle(r) for r in results], sinks)
@@ -94,8 +92,6 @@ class Node:
     async def aenqueue(self, conn: Any, /) -> WorkflowHandle:
         """As :meth:`enqueue`, on an async connection (psycopg AsyncConnection or SQLAlchemy
         AsyncSession)."""
-        from pgqueue.operations import enqueue_many
-
         workflow_id, specs, sinks = self.build()
         results = await enqueue_many.aio(conn, specs)
         return WorkflowHandle(workflow_id, [TaskHandle(r) for r in results], sinks)
@@ -321,46 +317,20 @@ class WorkflowHandle:
     def __repr__(self) -> str:
         return f"<pgqueue workflow {self.id} ({len(self.tasks)} tasks)>"
 
-    def wait(self, conn: Any, *, timeout: float) -> Any:
-        """The workflow's final result: its final task's result (the list of its final
-        tasks' results when it has several), once it completed. The connection must not be
-        in the transaction that enqueued it."""
-        # TODO(integrator): delegate to pgqueue.wait_workflow(conn, self.id, timeout=timeout)
-        # once wf-operate lands (it also raises on failure/cancel like a task wait); until
-        # then, wait for the sink task(s) through pgqueue.wait.
-        deadline = time.monotonic() + timeout
-        return _final(
-            [s.wait(conn, timeout=_left(timeout, deadline, i)) for i, s in enumerate(self.sinks)]
-        )
+    def wait(self, conn: Any, *, timeout: float, poll_interval: float | None = None) -> Any:
+        """The workflow's final result (``pgqueue.wait_workflow``): its final task's result,
+        or the list of its final tasks' results in build order when it has several. Raises
+        WorkflowFailed (a task was dead-lettered), WorkflowCancelled, or WorkflowWaitTimeout
+        (a WaitTimeout) after ``timeout`` seconds. The connection must not be in the
+        transaction that enqueued it."""
+        return wait_workflow(conn, self.id, timeout=timeout, **_poll(poll_interval))
 
-    async def await_result(self, conn: Any, *, timeout: float) -> Any:
-        """As :meth:`wait`, on an async connection."""
-        # TODO(integrator): pgqueue.aio.wait_workflow(conn, self.id, timeout=timeout).
-        deadline = time.monotonic() + timeout
-        return _final(
-            [
-                await s.wait_async(conn, timeout=_left(timeout, deadline, i))
-                for i, s in enumerate(self.sinks)
-            ]
-        )
+    async def await_result(
+        self, conn: Any, *, timeout: float, poll_interval: float | None = None
+    ) -> Any:
+        """As :meth:`wait`, on an async connection (``pgqueue.aio.wait_workflow``)."""
+        return await wait_workflow.aio(conn, self.id, timeout=timeout, **_poll(poll_interval))
 
 
-def _left(timeout: float, deadline: float, index: int) -> float:
-    """What remains of one timeout shared by the waits for several final tasks (the first
-    wait gets it as given, so that a bad one is refused there)."""
-    return timeout if index == 0 else max(deadline - time.monotonic(), 0.001)
-
-
-def _final(tasks: list[Any]) -> Any:
-    from pgqueue.errors import InvalidTaskState
-    from pgqueue.models import TaskStatus
-
-    for task in tasks:
-        if task.status is not TaskStatus.COMPLETED:
-            raise InvalidTaskState(
-                task.id,
-                task.status.value,
-                f"the workflow's final task ({task.type}) did not complete",
-            )
-    results = [task.result for task in tasks]
-    return results[0] if len(results) == 1 else results
+def _poll(poll_interval: float | None) -> dict[str, float]:
+    return {} if poll_interval is None else {"poll_interval": poll_interval}

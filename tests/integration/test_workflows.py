@@ -147,8 +147,8 @@ def test_a_cleanup_step_runs_after_a_failure_and_sees_it(database_url, conn, con
     assert rows[3].cancelled_by == rows[2].id
     assert seen["report"] == [None] and seen["statuses"] == [TaskStatus.CANCELLED]
     assert pgqueue.get_task(conn, fluent.tasks[1].id).result == "tidied after None (failed)"
-    # Waiting for a workflow whose final task was cancelled says so.
-    with pytest.raises(pgqueue.InvalidTaskState, match="did not complete"):
+    # Waiting for a workflow with a dead-lettered task says so (pgqueue.wait_workflow).
+    with pytest.raises(pgqueue.WorkflowFailed, match="boom 2"):
         failing.wait(connect(), timeout=5)
 
 
