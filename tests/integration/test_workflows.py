@@ -177,20 +177,26 @@ def test_a_sqlalchemy_session_holds_the_workflow(database_url, conn):
     assert sorted(t.id for t in pgqueue.list_tasks(conn)) == sorted(t.id for t in kept.tasks)
 
 
-def test_aenqueue_on_an_async_connection(database_url, conn):
-    _, add, _, _, _ = arithmetic()
+def test_aenqueue_and_await_result_on_an_async_connection(database_url, conn):
+    tasks, add, _, _, _ = arithmetic()
 
-    async def go() -> pgqueue.WorkflowHandle:
+    async def enqueue() -> pgqueue.WorkflowHandle:
         async with await psycopg.AsyncConnection.connect(database_url) as aconn:
             handle = await pgqueue.chain(add.s(1, 2), add.s(3)).aenqueue(aconn)
             await aconn.commit()
             return handle
 
-    handle = asyncio.run(go())
+    async def result(handle: pgqueue.WorkflowHandle) -> Any:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+            return await handle.await_result(aconn, timeout=5)
+
+    handle = asyncio.run(enqueue())
     assert [pgqueue.get_task(conn, t.id).status for t in handle.tasks] == [
         TaskStatus.QUEUED,
         TaskStatus.WAITING,
     ]
+    run_worker_until(database_url, tasks, lambda: final(conn, handle))
+    assert asyncio.run(result(handle)) == 6
 
 
 @pytest.mark.parametrize(
