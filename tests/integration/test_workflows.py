@@ -86,6 +86,10 @@ def test_a_chord_callback_gets_the_headers_results_in_order(database_url, conn, 
     run_worker_until(database_url, tasks, lambda: final(conn, handle))
 
     assert handle.wait(connect(), timeout=5) == 10 * sum(2 * i for i in range(6))
+    # The workflow as pgqueue.workflow reads it: the same tasks, in the same build order.
+    info = pgqueue.workflow(conn, handle.id)
+    assert [t.task.id for t in info.tasks] == [t.id for t in handle.tasks]
+    assert info.status.value == "completed" and info.result == handle.wait(connect(), timeout=5)
 
 
 def test_a_group_in_a_chain_gives_the_next_step_the_list(database_url, conn, connect):
