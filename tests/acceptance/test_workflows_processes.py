@@ -5,12 +5,14 @@ starts only after every member completed, and runs once."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import psycopg
 import pytest
 from test_worker_processes import FAST, Workers, wait_until
-from workflow_handlers import wf_add, wf_collect, wf_square
+from workflow_handlers import wf_add, wf_collect, wf_slow, wf_square
 
 import pgqueue
 
@@ -53,3 +55,36 @@ def test_worker_processes_run_a_chain_and_a_chord_with_results_passed(
     assert callback.started_at is not None
     assert all(m.finished_at is not None and m.finished_at <= callback.started_at for m in header)
     assert {m.workflow_id for m in header} == {chord.id} != {chain.id}
+
+
+def running(conn: psycopg.Connection[Any], ids: list[Any]) -> bool:
+    statuses = [pgqueue.get_task(conn, i).status for i in ids]
+    return pgqueue.TaskStatus.RUNNING in statuses and pgqueue.TaskStatus.COMPLETED in statuses
+
+
+@pytest.mark.slow
+def test_a_chord_survives_a_worker_killed_with_sigkill_and_its_callback_runs_once(
+    database_url: str, conn: psycopg.Connection[Any], workers: Workers
+):
+    settings = ("--concurrency", "2", "--lease-seconds", "2", *FAST)
+    members = 8
+    handle = pgqueue.chord(
+        [wf_slow.s(i) for i in range(members)], wf_collect.s(label="after a crash")
+    ).enqueue(conn)
+    header = [t.id for t in handle.tasks[:members]]
+    a = workers.start(database_url, *settings, name="a", registry=REGISTRY)
+    wait_until(lambda: running(conn, header), timeout=60, what="members to run on A", alive=[a])
+    os.kill(a.pid, signal.SIGKILL)
+    a.proc.wait(timeout=10)
+    assert pgqueue.get_task(conn, handle.tasks[-1].id).status is pgqueue.TaskStatus.WAITING
+
+    b = workers.start(database_url, *settings, name="b", registry=REGISTRY)
+    wait_until(lambda: finished(conn, handle), timeout=90, what="the chord to finish", alive=[b])
+
+    callback = pgqueue.get_task(conn, handle.tasks[-1].id)
+    assert callback.status is pgqueue.TaskStatus.COMPLETED
+    assert callback.attempts == 1  # released once, run once
+    assert callback.result["squares"] == list(range(members))  # every member, in order
+    tasks = [pgqueue.get_task(conn, i) for i in header]
+    assert max(t.attempts for t in tasks) == 2, "a member killed with A ran again on B"
+    assert all(t.finished_at is not None and t.finished_at <= callback.started_at for t in tasks)

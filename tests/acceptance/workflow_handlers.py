@@ -31,3 +31,9 @@ def wf_collect(parts: list[dict[str, Any]], label: str, ctx: TaskContext) -> dic
         "pids": sorted({p["pid"] for p in parts}),
         "parents": [str(p.task_id) for p in ctx.parents],
     }
+
+
+@tasks.task(name="wf_slow")
+def wf_slow(n: int, ctx: TaskContext) -> dict[str, Any]:
+    time.sleep(1.0)  # long enough to be killed in the middle of one
+    return {"n": n, "pid": os.getpid(), "attempt": ctx.attempt}
