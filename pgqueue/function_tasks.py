@@ -206,6 +206,13 @@ class TaskFunction(Generic[P, R]):
         required = any(p["name"] == receives and p.get("required") for p in params)
         return out, receives, required
 
+    def receiving_types(self, name: str) -> tuple[str, ...] | None:
+        """The JSON types parameter ``name`` accepts (None: its annotation is not checked)."""
+        for p in self.parameters.description["parameters"]:
+            if p["name"] == name and p.get("types"):
+                return tuple(p["types"])
+        return None
+
     def s(self, *args: Any, **kwargs: Any) -> Step:
         """A workflow step of this call (``pgqueue.chain``/``group``/``chord``): the first
         positional parameter these arguments leave unbound receives the parents' results."""

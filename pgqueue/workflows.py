@@ -122,6 +122,9 @@ class Step(Node):
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     receives: str | None = None
     required: bool = False
+    # The JSON types the receiving parameter accepts (None: not checked): a clean-up step
+    # after one parent receives None when that parent did not complete.
+    receives_types: tuple[str, ...] | None = None
 
     def run_anyway(self) -> Step:
         """This step as a clean-up step: it runs once all its parents are final, whatever
@@ -138,6 +141,7 @@ class Step(Node):
         if self.receives is not None:
             if after:
                 payload[self.receives] = {MARKER_KEY: PARENT_RESULTS if many else PARENT_RESULT}
+                self._check_cleanup(many)
             elif self.required:
                 raise ValidationError(
                     "step",
@@ -149,6 +153,17 @@ class Step(Node):
         )
         builder.specs.append(spec)
         return [spec.id], False
+
+    def _check_cleanup(self, many: bool) -> None:
+        run_anyway = self.options.get("on_parent_failure") == "run"
+        types = self.receives_types
+        if run_anyway and not many and types is not None and "null" not in types:
+            raise ValidationError(
+                "step",
+                f"{self.type}: argument {self.receives!r} of a clean-up step receives None when "
+                f"its parent did not complete, and it must be {' or '.join(types)}: allow None "
+                "in its annotation (e.g. `int | None`)",
+            )
 
 
 def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,7 +201,8 @@ def function_step(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ste
     payload, receives, required = fn.partial_arguments(*args, **kwargs)
     options = {k: v for k, v in fn.step_options().items() if v is not None}
     prepare(fn.type, payload, **options)  # the options, checked now
-    return Step(fn.type, payload, options, receives, required)
+    types = None if receives is None else fn.receiving_types(receives)
+    return Step(fn.type, payload, options, receives, required, types)
 
 
 # --- composition -------------------------------------------------------------------------------

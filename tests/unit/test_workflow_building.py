@@ -127,7 +127,7 @@ def test_cleanup_steps_run_anyway_in_both_forms():
         pgqueue.chain(
             ping.s(),
             pgqueue.step("tidy", on_parent_failure="run"),
-            add.s(1).run_anyway(),
+            ping.s("bound").run_anyway(),
             ping.s(),
         )
     )
@@ -144,6 +144,19 @@ def test_a_root_step_must_bind_what_it_would_receive_unless_it_has_a_default():
         build(pgqueue.chain(add.s(1), add.s(2)))
     _, specs, _ = build(pgqueue.chain(ping.s(), ping.s()))
     assert specs[0].payload == {} and specs[1].payload == {"note": ONE}
+
+
+def test_a_cleanup_step_after_one_parent_must_accept_none():
+    @TaskRegistry().task(name="tidy")
+    def tidy(previous: int | None) -> None:
+        return None
+
+    with pytest.raises(pgqueue.ValidationError, match=r"allow None in its annotation"):
+        build(pgqueue.chain(ping.s(), add.s(1).run_anyway()))
+    _, specs, _ = build(pgqueue.chain(ping.s(), tidy.s().run_anyway()))
+    assert specs[1].payload == {"previous": ONE} and specs[1].run_anyway
+    # After a group it receives a list (None in it for a parent that did not complete).
+    build(pgqueue.chord([ping.s(), ping.s()], total.s().run_anyway()))
 
 
 @pytest.mark.parametrize(
