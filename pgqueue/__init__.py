@@ -55,6 +55,10 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         ValidationError,
         WaitInTransaction,
         WaitTimeout,
+        WorkflowCancelled,
+        WorkflowFailed,
+        WorkflowNotFound,
+        WorkflowWaitTimeout,
     )
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
@@ -80,11 +84,15 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         SweepResult,
         Task,
         TaskStatus,
+        WorkflowInfo,
+        WorkflowStatus,
+        WorkflowTask,
     )
     from pgqueue.operations import (
         backlog,
         cancel,
         cancel_leased,
+        cancel_workflow,
         check_arguments,
         children,
         claim,
@@ -123,9 +131,22 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         throughput,
         throughput_series,
         wait,
+        wait_workflow,
+        workflow,
     )
     from pgqueue.registry import Cancel, Retry, Snooze, TaskRegistry
     from pgqueue.worker import Worker, WorkerConfig
+    from pgqueue.workflows import (
+        Chain,
+        Chord,
+        Group,
+        Step,
+        WorkflowHandle,
+        chain,
+        chord,
+        group,
+        step,
+    )
 
 # Where each public name lives, by module; read by __getattr__.
 _HOMES: dict[str, tuple[str, ...]] = {
@@ -156,10 +177,25 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ValidationError",
         "WaitInTransaction",
         "WaitTimeout",
+        "WorkflowCancelled",
+        "WorkflowFailed",
+        "WorkflowNotFound",
+        "WorkflowWaitTimeout",
     ),
     "pgqueue.executor": ("TaskContext",),
     "pgqueue.function_tasks": ("TaskFunction",),
     "pgqueue.handle": ("TaskHandle",),
+    "pgqueue.workflows": (
+        "Chain",
+        "Chord",
+        "Group",
+        "Step",
+        "WorkflowHandle",
+        "chain",
+        "chord",
+        "group",
+        "step",
+    ),
     "pgqueue.models": (
         "ClaimedTask",
         "EnqueueResult",
@@ -181,6 +217,9 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Task",
         "TaskStatus",
         "SnoozeResult",
+        "WorkflowInfo",
+        "WorkflowStatus",
+        "WorkflowTask",
     ),
     "pgqueue.operations": (
         "backlog",
@@ -224,6 +263,9 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "parents",
         "expire",
         "snooze",
+        "cancel_workflow",
+        "wait_workflow",
+        "workflow",
     ),
     "pgqueue.registry": (
         "Cancel",
@@ -372,3 +414,20 @@ __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
 
 # Issue 16: dependencies between tasks.
 __all__ += ["DependencyCycle", "DependencyError", "Parent", "UnknownParent", "children", "parents"]
+
+# Issue 16: workflows (chain, group, chord of steps).
+__all__ += ["Chain", "Chord", "Group", "Step", "WorkflowHandle", "chain", "chord", "group", "step"]
+
+# Issue 16: operating workflows (status, cancel, wait).
+__all__ += [
+    "WorkflowCancelled",
+    "WorkflowFailed",
+    "WorkflowInfo",
+    "WorkflowNotFound",
+    "WorkflowStatus",
+    "WorkflowTask",
+    "WorkflowWaitTimeout",
+    "cancel_workflow",
+    "wait_workflow",
+    "workflow",
+]

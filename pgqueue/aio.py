@@ -58,3 +58,6 @@ check_arguments = _ops.check_arguments.aio
 # Dependencies between tasks (issue 16).
 parents = _ops.parents.aio
 children = _ops.children.aio
+workflow = _ops.workflow.aio
+cancel_workflow = _ops.cancel_workflow.aio
+wait_workflow = _ops.wait_workflow.aio

@@ -130,3 +130,18 @@ class Client:
         between transactions, each of its reads in its own."""
         with self._get_pool().connection() as conn:
             return operations.wait(conn, task_id, timeout=timeout, poll_interval=poll_interval)
+
+    def wait_workflow(
+        self,
+        workflow_id: uuid.UUID | str,
+        *,
+        timeout: float,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> Any:
+        """:func:`pgqueue.wait_workflow` on a pooled connection held for the whole wait, as
+        :meth:`wait`: the workflow's final result, or WorkflowFailed / WorkflowCancelled /
+        WorkflowWaitTimeout."""
+        with self._get_pool().connection() as conn:
+            return operations.wait_workflow(
+                conn, workflow_id, timeout=timeout, poll_interval=poll_interval
+            )

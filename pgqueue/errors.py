@@ -143,6 +143,17 @@ class TaskNotFound(PgQueueError, LookupError):
         self.task_id = task_id
 
 
+class WorkflowNotFound(TaskNotFound):
+    """No task belongs to a workflow with this id (issue 16): a typo, or a workflow whose
+    tasks were all pruned. A TaskNotFound, so that whatever reports an unknown task (404 in
+    HTTP, the CLI's not_found) reports this alike."""
+
+    def __init__(self, workflow_id: object) -> None:
+        super().__init__(workflow_id)
+        self.args = (f"no workflow with id {str(workflow_id)!r}",)
+        self.workflow_id = workflow_id
+
+
 class QueueNotFound(PgQueueError, LookupError):
     """No queue of that name: it has no tasks and no settings (most often a typo). Setting one
     up before its first task is an explicit choice, which ``hint`` says how to make."""
@@ -262,3 +273,62 @@ class WaitInTransaction(PgQueueError):
             "first (or wait on another connection)"
         )
         self.task_id = task_id
+
+
+# --- waiting for a workflow (issue 16) ---------------------------------------------------------
+
+
+class WorkflowWaitTimeout(WaitTimeout):
+    """The workflow did not become final within the wait's timeout; it goes on as before. A
+    WaitTimeout, as for a task; ``info`` is the workflow as last read (``task`` is None)."""
+
+    def __init__(self, info: Any, timeout: float) -> None:
+        PgQueueError.__init__(
+            self,
+            f"workflow {info.id} did not finish within {timeout:g} s; it is still "
+            f"{info.status.value} ({_counted(info.counts)})",
+        )
+        self.info = info
+        self.task = None
+        self.task_id = info.id
+        self.status = info.status.value
+        self.timeout = timeout
+
+
+class WorkflowFailed(PgQueueError):
+    """The awaited workflow ended failed: at least one of its tasks was dead-lettered.
+    ``info`` is the workflow; ``task`` the first dead-lettered task in build order (its id,
+    type, attempts and last error are in the message)."""
+
+    def __init__(self, info: Any) -> None:
+        failed = [t.task for t in info.tasks if t.status.value == "failed"]
+        task = failed[0]
+        summary = (task.last_error or "").strip().splitlines()
+        error = summary[-1] if summary else "no error recorded"
+        super().__init__(
+            f"workflow {info.id} failed: task {task.id} ({task.type}) was dead-lettered after "
+            f"attempt {task.attempts} of {task.max_attempts}: {error}"
+        )
+        self.info = info
+        self.task = task
+        self.workflow_id = info.id
+
+
+class WorkflowCancelled(PgQueueError):
+    """The awaited workflow ended cancelled (none of its tasks failed, at least one was
+    cancelled). ``info`` is the workflow; ``task`` the first cancelled task in build order."""
+
+    def __init__(self, info: Any) -> None:
+        cancelled = [t.task for t in info.tasks if t.status.value == "cancelled"]
+        task = cancelled[0]
+        super().__init__(
+            f"workflow {info.id} was cancelled: task {task.id} ({task.type}) and "
+            f"{len(cancelled) - 1} other(s) cancelled"
+        )
+        self.info = info
+        self.task = task
+        self.workflow_id = info.id
+
+
+def _counted(counts: Any) -> str:
+    return ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no tasks"

@@ -30,6 +30,7 @@ from pgqueue.handle import TaskHandle
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries import TaskSpec, TypeDeclaration, arun, run
+from pgqueue.workflows import MARKER_KEY, PARENT_RESULT, Step, is_marker
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -173,6 +174,67 @@ class TaskFunction(Generic[P, R]):
         check_arguments(self.parameters.description, out)
         return out
 
+    def partial_arguments(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[dict[str, Any], str | None, bool]:
+        """A workflow step's arguments (``s(...)``): the payload, the parameter that receives
+        the parents' results (the first positional one left unbound, None if there is none)
+        and whether it is required. Checked as :meth:`arguments` is, that one parameter
+        allowed missing."""
+        positional = self._positional
+        if len(args) > len(positional):
+            return self.arguments(*args, **kwargs), None, False  # raises: too many
+        bound = dict(zip(positional, args, strict=False))
+        receives = next((n for n in positional if n not in bound and n not in kwargs), None)
+        if receives is None:
+            return self.arguments(*args, **kwargs), None, False
+        params = self.parameters.description["parameters"]
+        rest = {
+            **self.parameters.description,
+            "parameters": [p for p in params if p["name"] != receives],
+        }
+        out = dict(bound)
+        for name, value in kwargs.items():
+            if name == self.parameters.context:
+                raise InvalidArgument(
+                    name, f"argument {name!r} is the task's context: the worker passes it"
+                )
+            if name in out:
+                raise InvalidArgument(name, f"argument {name!r} is given twice")
+            out[name] = value
+        check_arguments(rest, out)
+        required = any(p["name"] == receives and p.get("required") for p in params)
+        return out, receives, required
+
+    def receiving_types(self, name: str) -> tuple[str, ...] | None:
+        """The JSON types parameter ``name`` accepts (None: its annotation is not checked)."""
+        for p in self.parameters.description["parameters"]:
+            if p["name"] == name and p.get("types"):
+                return tuple(p["types"])
+        return None
+
+    def s(self, *args: Any, **kwargs: Any) -> Step:
+        """A workflow step of this call (``pgqueue.chain``/``group``/``chord``): the first
+        positional parameter these arguments leave unbound receives the parents' results."""
+        from pgqueue.workflows import function_step
+
+        return function_step(self, args, kwargs)
+
+    def step_options(self) -> dict[str, Any]:
+        """The enqueue options a workflow step of this function takes (no idempotency key:
+        a task with parents cannot have one)."""
+        o = self._options
+        return {
+            "queue": o.queue,
+            "priority": o.priority,
+            "retry": o.retry,
+            "max_attempts": o.max_attempts,
+            "run_at": o.run_at,
+            "delay": o.delay,
+            "expires_in": o.expires_in,
+            "expires_at": o.expires_at,
+        }
+
     def _spec(self, payload: Mapping[str, Any], max_payload_bytes: int | None = None) -> TaskSpec:
         o = self._options
         return prepare(
@@ -278,6 +340,7 @@ class TaskFunction(Generic[P, R]):
         return run_sync
 
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
+        payload = fill_parent_results(payload, ctx)
         check_arguments(self.parameters.description, payload)
         p = self.parameters
         kwargs = dict(payload)
@@ -292,6 +355,24 @@ class TaskFunction(Generic[P, R]):
         if p.context is not None and p.context not in p.positional_only:
             kwargs[p.context] = ctx
         return args, kwargs
+
+
+def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, Any]:
+    """The payload with a workflow step's marker (pgqueue.workflows) replaced by its parents'
+    results from ``ctx.parents``: the one parent's result, or the list of them in order
+    (None for a parent that did not complete: a clean-up step sees why in ctx.parents)."""
+    if not any(is_marker(v) for v in payload.values()):
+        return payload
+    parents = tuple(getattr(ctx, "parents", ()) or ())
+    out = dict(payload)
+    for name, value in payload.items():
+        if is_marker(value):
+            results = [p.result for p in parents]
+            if value[MARKER_KEY] == PARENT_RESULT:
+                out[name] = results[0] if results else None
+            else:
+                out[name] = results
+    return out
 
 
 def _policy(retry: RetryPolicy | None, max_attempts: int | None) -> RetryPolicy | None:

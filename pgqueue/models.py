@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -322,6 +322,107 @@ class Parent:
     run_anyway: bool
     result: Any = None
     error: str | None = None
+
+
+class WorkflowStatus(enum.StrEnum):
+    """A workflow's status, derived from its tasks (issue 16; the view pgqueue.workflows uses
+    the same rule): ``running`` while any task is not final; then ``completed`` if all
+    completed; else ``failed`` if any was dead-lettered; else ``cancelled``."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self is not WorkflowStatus.RUNNING
+
+    @classmethod
+    def of(cls, statuses: Iterable[TaskStatus]) -> WorkflowStatus:
+        seen = set(statuses)
+        if any(not s.is_final for s in seen):
+            return cls.RUNNING
+        if seen <= {TaskStatus.COMPLETED}:
+            return cls.COMPLETED
+        if TaskStatus.FAILED in seen:
+            return cls.FAILED
+        return cls.CANCELLED
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowTask:
+    """One task of a workflow with its edges: the ids of its parents (in depends_on order)
+    and of its children (tasks that depend on it)."""
+
+    task: Task
+    parents: tuple[uuid.UUID, ...] = ()
+    children: tuple[uuid.UUID, ...] = ()
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.task.id
+
+    @property
+    def type(self) -> str:
+        return self.task.type
+
+    @property
+    def status(self) -> TaskStatus:
+        return self.task.status
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.task.to_dict()
+        out["parents"] = [str(p) for p in self.parents]
+        out["children"] = [str(c) for c in self.children]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowInfo:
+    """A workflow as read now (``pgqueue.workflow``): its status, how many of its tasks are in
+    each status, its tasks in build order ((created_at, id)) with their edges, and when it
+    started and (once final) finished.
+
+    ``result`` is the workflow's final result: the result of its sink (the one task nothing
+    depends on) if it has one, else the list of its sinks' results in build order; a sink that
+    has not completed contributes None."""
+
+    id: uuid.UUID
+    status: WorkflowStatus
+    counts: Mapping[str, int]
+    tasks: tuple[WorkflowTask, ...]
+    created_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def sinks(self) -> tuple[WorkflowTask, ...]:
+        return tuple(t for t in self.tasks if not t.children)
+
+    @property
+    def result(self) -> Any:
+        sinks = self.sinks
+        if len(sinks) == 1:
+            return sinks[0].task.result
+        return [t.task.result for t in sinks]
+
+    def task(self, task_id: uuid.UUID) -> WorkflowTask:
+        """The workflow's task with this id (KeyError if it is not one of them)."""
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        raise KeyError(task_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "status": self.status.value,
+            "counts": dict(self.counts),
+            "created_at": self.created_at.isoformat(),
+            "finished_at": None if self.finished_at is None else self.finished_at.isoformat(),
+            "result": self.result,
+            "tasks": [t.to_dict() for t in self.tasks],
+        }
 
 
 class FailOutcome(enum.StrEnum):

@@ -21,7 +21,14 @@ from typing import Any
 from pgqueue import arguments, config, queries, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import check_name, prepare
-from pgqueue.errors import QueueNotFound, TaskNotFound, ValidationError
+from pgqueue.errors import (
+    QueueNotFound,
+    TaskNotFound,
+    ValidationError,
+    WorkflowCancelled,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
 from pgqueue.models import (
     ClaimedTask,
     EnqueueResult,
@@ -43,6 +50,8 @@ from pgqueue.models import (
     Task,
     TaskStatus,
     ThroughputPoint,
+    WorkflowInfo,
+    WorkflowStatus,
 )
 from pgqueue.queries import (
     HeartbeatResult,
@@ -55,7 +64,7 @@ from pgqueue.queries import (
     waiting_operation,
 )
 from pgqueue.result_encoding import encode_result
-from pgqueue.waiting import DEFAULT_POLL_INTERVAL, wait_loop
+from pgqueue.waiting import DEFAULT_POLL_INTERVAL, wait_loop, workflow_wait_loop
 
 DAY = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -808,6 +817,89 @@ def wait(
     """
     return wait_loop(
         parse_task_id(task_id),
+        check_seconds("timeout", timeout),
+        check_seconds("poll_interval", poll_interval),
+    )
+
+
+# --- workflows (issue 16) --------------------------------------------------------------------
+
+
+def parse_workflow_id(workflow_id: uuid.UUID | str) -> uuid.UUID:
+    """A workflow id from a UUID or its text; a malformed one is WorkflowNotFound, as a
+    malformed task id is TaskNotFound."""
+    if isinstance(workflow_id, uuid.UUID):
+        return workflow_id
+    try:
+        return uuid.UUID(str(workflow_id))
+    except ValueError:
+        raise WorkflowNotFound(workflow_id) from None
+
+
+@operation
+def workflow(workflow_id: uuid.UUID | str) -> Op[WorkflowInfo]:
+    """The workflow with this id as it is now: its status (running, completed, failed,
+    cancelled: derived from its tasks as the pgqueue.workflows view does), how many tasks are
+    in each status, its tasks in build order with their parents and children, and its final
+    result (``.result``). WorkflowNotFound if no task belongs to it."""
+    return queries.workflow_get(parse_workflow_id(workflow_id))
+
+
+@operation
+def cancel_workflow(
+    workflow_id: uuid.UUID | str, *, now: datetime | None = None
+) -> Op[WorkflowInfo]:
+    """Cancel every unfinished task of the workflow and return the workflow as it is then.
+
+    Waiting and queued tasks are cancelled at once; a running one is asked to stop, as
+    :func:`cancel` does (cooperative: its handler sees ``should_stop()``; if it completes
+    anyway, its result stands), so the workflow may still be running until it ends. Finished
+    tasks are left as they are; cancelling a finished workflow changes nothing.
+    WorkflowNotFound for an unknown id."""
+    return _cancel_workflow(parse_workflow_id(workflow_id), now)
+
+
+def _cancel_workflow(workflow_id: uuid.UUID, now: datetime | None) -> Op[WorkflowInfo]:
+    info: WorkflowInfo = yield from queries.workflow_get(workflow_id)  # WorkflowNotFound
+    if not info.status.is_final:
+        yield from queries.workflow_cancel(workflow_id, now)
+        info = yield from queries.workflow_get(workflow_id)
+    return info
+
+
+def _workflow_outcome(info: WorkflowInfo) -> Any:
+    if info.status is WorkflowStatus.FAILED:
+        raise WorkflowFailed(info)
+    if info.status is WorkflowStatus.CANCELLED:
+        raise WorkflowCancelled(info)
+    return info.result
+
+
+def wait_workflow_loop(workflow_id: uuid.UUID, timeout: float, poll_interval: float) -> WaitOp[Any]:
+    info = yield from workflow_wait_loop(workflow_id, timeout, poll_interval)
+    return _workflow_outcome(info)
+
+
+@waiting_operation
+def wait_workflow(
+    workflow_id: uuid.UUID | str,
+    *,
+    timeout: float,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+) -> WaitOp[Any]:
+    """Wait until every task of the workflow is final and return its final result: the result
+    of its sink task (the one nothing depends on), or the list of its sinks' results in build
+    order if it has several.
+
+    Raises WorkflowFailed if a task was dead-lettered, WorkflowCancelled if the workflow ended
+    cancelled (each with the workflow in ``.info`` and the task in ``.task``), and
+    WorkflowWaitTimeout (a WaitTimeout, as a task's wait raises) after ``timeout`` seconds;
+    the workflow goes on. WorkflowNotFound for an unknown id. As :func:`wait`, the connection
+    must not be inside a transaction, and the wait is woken by notifications when the
+    workflow's tasks finish, with a read every ``poll_interval`` seconds as a fallback.
+    """
+    return wait_workflow_loop(
+        parse_workflow_id(workflow_id),
         check_seconds("timeout", timeout),
         check_seconds("poll_interval", poll_interval),
     )

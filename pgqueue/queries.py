@@ -34,6 +34,7 @@ from pgqueue.errors import (
     SchemaNotReady,
     TaskNotFound,
     UnknownParent,
+    WorkflowNotFound,
 )
 from pgqueue.models import (
     ClaimedTask,
@@ -57,6 +58,9 @@ from pgqueue.models import (
     Task,
     TaskStatus,
     ThroughputPoint,
+    WorkflowInfo,
+    WorkflowStatus,
+    WorkflowTask,
 )
 
 T = TypeVar("T")
@@ -848,6 +852,37 @@ def task_parents_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, tuple[Pare
     for r in rows:
         out.setdefault(r["child_id"], []).append(_parent(r))
     return {k: tuple(v) for k, v in out.items()}
+
+
+def workflow_get(workflow_id: uuid.UUID) -> Op[WorkflowInfo]:
+    """A workflow and its tasks with their edges (WorkflowNotFound if no task has this
+    workflow id). Its status, counts and times are derived from the tasks read, by the rule
+    of the pgqueue.workflows view."""
+    rows = yield Query("workflow_tasks", {"id": workflow_id})
+    if not rows:
+        raise WorkflowNotFound(workflow_id)
+    tasks = tuple(
+        WorkflowTask(Task.from_row(r), tuple(r["parent_ids"]), tuple(r["child_ids"])) for r in rows
+    )
+    counts = {s.value: 0 for s in TaskStatus}
+    for t in tasks:
+        counts[t.status.value] += 1
+    status = WorkflowStatus.of(t.status for t in tasks)
+    finished = [t.task.finished_at for t in tasks if t.task.finished_at is not None]
+    return WorkflowInfo(
+        id=workflow_id,
+        status=status,
+        counts=counts,
+        tasks=tasks,
+        created_at=min(t.task.created_at for t in tasks),
+        finished_at=max(finished) if status.is_final and finished else None,
+    )
+
+
+def workflow_cancel(workflow_id: uuid.UUID, now: datetime | None = None) -> Op[int]:
+    """Cancel the workflow's unfinished tasks; how many it cancelled or flagged."""
+    rows = yield Query("workflow_cancel", {"id": workflow_id, "now": now})
+    return len(rows)
 
 
 def task_get(task_id: uuid.UUID) -> Op[Task]:

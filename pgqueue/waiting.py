@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Callable
 
 from pgqueue import queries
-from pgqueue.errors import WaitTimeout
-from pgqueue.models import Task
+from pgqueue.errors import WaitTimeout, WorkflowWaitTimeout
+from pgqueue.models import Task, TaskStatus, WorkflowInfo
 from pgqueue.queries import DONE_CHANNEL, AwaitNotify, Listen, WaitOp
 
 DEFAULT_POLL_INTERVAL = 2.0
@@ -69,3 +69,61 @@ def wait_loop(
     finally:
         yield Listen(DONE_CHANNEL, task_id, listen=False)
     return task
+
+
+# A workflow wait registers as a waiter of at most this many of its unfinished tasks at a time
+# (the last ones in build order first: the sinks, which finish last); when all of those are
+# final it registers the next ones. The poll covers the rest.
+MAX_WATCHED = 1000
+
+
+def workflow_wait_loop(
+    workflow_id: uuid.UUID,
+    timeout: float,
+    poll_interval: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> WaitOp[WorkflowInfo]:
+    """The workflow once it is final (every task final), or WorkflowWaitTimeout carrying the
+    workflow as last read after ``timeout`` seconds. As :func:`wait_loop`, but registered on
+    the workflow's unfinished tasks: the finish of any of them wakes it to read the workflow
+    again."""
+    deadline = clock() + timeout
+    waiter = uuid.uuid4()
+    seconds = timeout + REGISTRATION_MARGIN
+    watched: set[uuid.UUID] = set()
+    yield Listen(DONE_CHANNEL, workflow_id)
+    try:
+        try:
+            info = yield from queries.workflow_get(workflow_id)
+            next_poll = clock() + poll_interval
+            while not info.status.is_final:
+                pending = [t.id for t in info.tasks if not t.status.is_final]
+                if not watched.intersection(pending):
+                    if watched:
+                        yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
+                        watched = set()
+                    pick = pending[-MAX_WATCHED:]
+                    read = yield from queries.task_waiter_add_many(
+                        [(i, waiter, seconds) for i in pick]
+                    )
+                    watched = set(pick)
+                    # Registered after the read above: one may have finished in between.
+                    if any(TaskStatus(r[0]["status"]).is_final for r in read.values()):
+                        info = yield from queries.workflow_get(workflow_id)
+                        continue
+                now = clock()
+                if now >= deadline:
+                    raise WorkflowWaitTimeout(info, timeout)
+                woken = yield AwaitNotify(DONE_CHANNEL, min(deadline, next_poll) - now)
+                ours = {str(i) for i in watched}
+                if woken and ours.isdisjoint(woken) and clock() < min(deadline, next_poll):
+                    continue
+                info = yield from queries.workflow_get(workflow_id)
+                next_poll = clock() + poll_interval
+        finally:
+            if watched:
+                yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
+    finally:
+        yield Listen(DONE_CHANNEL, workflow_id, listen=False)
+    return info

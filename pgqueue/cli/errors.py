@@ -42,6 +42,9 @@ from pgqueue.errors import (
     TaskNotFound,
     ValidationError,
     WaitTimeout,
+    WorkflowCancelled,
+    WorkflowFailed,
+    WorkflowNotFound,
 )
 
 # `pgqueue status ID --wait SECONDS` when the task did not finish in time: neither a usage
@@ -105,8 +108,13 @@ def _param_name(exc: Exception) -> str | None:
 
 def _kind(exc: PgQueueError) -> tuple[str, dict[str, Any]]:
     """The JSON kind of a library error, with the details that identify what it is about."""
+    if isinstance(exc, WorkflowNotFound):
+        return "not_found", {"workflow_id": str(exc.workflow_id)}
     if isinstance(exc, TaskNotFound):
         return "not_found", {"task_id": str(exc.task_id)}
+    if isinstance(exc, WorkflowFailed | WorkflowCancelled):
+        kind = "workflow_failed" if isinstance(exc, WorkflowFailed) else "workflow_cancelled"
+        return kind, {"workflow_id": str(exc.workflow_id), "task_id": str(exc.task.id)}
     if isinstance(exc, QueueNotFound):
         return "not_found", {"queue": exc.queue}
     if isinstance(exc, InvalidTaskState):

@@ -126,6 +126,12 @@ TREE = (
         group=True,
     ),
     Entry(
+        "workflow",
+        "workflows",
+        "Workflows (chains, groups, chords): status, tasks, cancel, wait for the result.",
+        group=True,
+    ),
+    Entry(
         "embedded",
         "embedded",
         "The embedded PostgreSQL used when no database URL is configured.",

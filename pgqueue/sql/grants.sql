@@ -62,9 +62,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.task_dependencies,
     TO :"app_role";
 
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
--- read all three.
+-- read all of them (workflows: one row per workflow, issue 16).
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,
-                      pgqueue.backlog
+                      pgqueue.backlog, pgqueue.workflows
     TO :"app_role";
 
 -- Workers, pgqueue.Client, the CLI and the API's /readyz check the schema revision before

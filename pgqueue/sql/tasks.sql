@@ -1513,3 +1513,48 @@ SELECT d.child_id AS task_id, t.type, t.status, d.position, d.run_anyway, t.resu
   LEFT JOIN pgqueue.tasks AS t ON t.id = d.child_id
  WHERE d.parent_id = %(id)s
  ORDER BY t.created_at, d.child_id;
+
+-- name: workflow_tasks
+-- A workflow's tasks in build order with their edges (pgqueue.workflow): parents in
+-- depends_on order, children in id order. Reads the workflow through tasks_workflow_idx.
+SELECT t.*,
+       ARRAY(SELECT d.parent_id FROM pgqueue.task_dependencies AS d
+              WHERE d.child_id = t.id ORDER BY d.position) AS parent_ids,
+       ARRAY(SELECT d.child_id FROM pgqueue.task_dependencies AS d
+              WHERE d.parent_id = t.id ORDER BY d.child_id) AS child_ids
+  FROM pgqueue.tasks AS t
+ WHERE t.workflow_id = %(id)s
+ ORDER BY t.created_at, t.id;
+
+-- name: workflow_cancel
+-- Cancel every unfinished task of a workflow (pgqueue.cancel_workflow), as task_cancel does
+-- one: waiting and queued ones at once, running ones flagged and their workers notified
+-- (cooperative). The rows are locked in id order first, which is build order (uuid7), so
+-- parents before children, the order task_dependants_settle locks them in.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+locked AS (
+    SELECT id FROM pgqueue.tasks
+     WHERE workflow_id = %(id)s AND status IN ('queued', 'running', 'waiting')
+     ORDER BY id
+       FOR UPDATE
+),
+finished AS (
+UPDATE pgqueue.tasks AS t
+   SET status = CASE WHEN t.status IN ('queued', 'waiting') THEN 'cancelled' ELSE t.status END,
+       finished_at = CASE WHEN t.status IN ('queued', 'waiting') THEN clock.now
+                          ELSE t.finished_at END,
+       cancel_requested = true
+  FROM clock, locked
+ WHERE t.id = locked.id AND t.status IN ('queued', 'running', 'waiting')
+RETURNING t.id, t.status,
+          CASE WHEN t.status = 'running'
+               THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
+              AS cancel_notified
+),
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
+),
+settled AS MATERIALIZED (
+    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
+)
+SELECT f.id, f.status FROM finished AS f, woken, settled;

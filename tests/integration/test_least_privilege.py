@@ -206,6 +206,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("dead_letters", "SELECT"),
         ("running_tasks", "SELECT"),
         ("backlog", "SELECT"),
+        ("workflows", "SELECT"),
         ("pgqueue_alembic_version", "SELECT"),
         ("retry_delay", "EXECUTE"),
         ("priority_name", "EXECUTE"),
@@ -434,7 +435,7 @@ def test_the_app_role_runs_every_library_operation(app_conn, conn):
     assert pgqueue.throughput(app_conn, window_seconds=600)
     assert pgqueue.prune(app_conn, completed_after=1, dead_after=1, now=later) >= 4
     # The DBA views and the schema check.
-    for view in ("queue_depth", "dead_letters", "running_tasks"):
+    for view in ("queue_depth", "dead_letters", "running_tasks", "workflows"):
         app_conn.execute(sql.SQL("SELECT * FROM pgqueue.{}").format(sql.Identifier(view)))
     migrate.check(_url_of(app_conn))
     # Nothing of this needed the owner: the rows are there for the superuser to see.

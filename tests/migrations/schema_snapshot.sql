@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0011_workflows
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0012_workflow_views
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -276,6 +276,43 @@ CREATE VIEW pgqueue.running_tasks (
     cancel_requested
    FROM pgqueue.tasks
   WHERE status = 'running'::text;
+
+-- pgqueue.workflows reads pgqueue.tasks: created_at, finished_at, status, workflow_id
+CREATE VIEW pgqueue.workflows (
+    workflow_id uuid,
+    status text,
+    tasks bigint,
+    waiting bigint,
+    queued bigint,
+    running bigint,
+    completed bigint,
+    failed bigint,
+    cancelled bigint,
+    created_at timestamp with time zone,
+    finished_at timestamp with time zone
+) AS
+ SELECT workflow_id,
+        CASE
+            WHEN bool_or(status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) THEN 'running'::text
+            WHEN bool_and(status = 'completed'::text) THEN 'completed'::text
+            WHEN bool_or(status = 'failed'::text) THEN 'failed'::text
+            ELSE 'cancelled'::text
+        END AS status,
+    count(*) AS tasks,
+    count(*) FILTER (WHERE status = 'waiting'::text) AS waiting,
+    count(*) FILTER (WHERE status = 'queued'::text) AS queued,
+    count(*) FILTER (WHERE status = 'running'::text) AS running,
+    count(*) FILTER (WHERE status = 'completed'::text) AS completed,
+    count(*) FILTER (WHERE status = 'failed'::text) AS failed,
+    count(*) FILTER (WHERE status = 'cancelled'::text) AS cancelled,
+    min(created_at) AS created_at,
+        CASE
+            WHEN bool_and(status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) THEN max(finished_at)
+            ELSE NULL::timestamp with time zone
+        END AS finished_at
+   FROM pgqueue.tasks
+  WHERE workflow_id IS NOT NULL
+  GROUP BY workflow_id;
 
 CREATE OR REPLACE FUNCTION pgqueue.priority_name(p smallint)
  RETURNS text
