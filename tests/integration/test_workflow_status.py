@@ -279,3 +279,57 @@ def test_async_twins(conn: Any, database_url: str) -> None:
     result, again = asyncio.run(scenario())
     assert result == 2
     assert again.status is WorkflowStatus.COMPLETED
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http(database_url: str) -> Any:
+    from test_api import halt, launch
+
+    from pgqueue.api import ApiSettings
+
+    live = launch(ApiSettings(database_url=database_url))
+    yield live.client
+    halt([live])
+
+
+def test_http_get_workflow_and_the_task_edges(conn: Any, http: Any) -> None:
+    wf = build(conn)
+    body = http.get(f"/api/v1/workflows/{wf['id']}").json()
+    assert body["status"] == "running" and body["counts"]["waiting"] == 1
+    assert [t["task_id"] for t in body["tasks"]] == [str(i) for i in [*wf["heads"], wf["callback"]]]
+    assert body["tasks"][2]["parents"] == [str(h) for h in wf["heads"]]
+    cb = http.get(f"/api/v1/tasks/{wf['callback']}").json()
+    assert cb["status"] == "waiting" and cb["workflow_id"] == str(wf["id"])
+    assert [(p["task_id"], p["type"], p["status"]) for p in cb["parents"]] == [
+        (str(h), "m", "queued") for h in wf["heads"]
+    ]
+    assert cb["children"] == []
+    head = http.get(f"/api/v1/tasks/{wf['heads'][0]}").json()
+    assert head["parents"] == [] and head["children"] == [
+        {"task_id": str(wf["callback"]), "type": "cb", "status": "waiting"}
+    ]
+    # A plain task keeps its old answer, with the new fields empty.
+    plain = http.get(f"/api/v1/tasks/{pgqueue.enqueue(conn, 'p', {}).id}").json()
+    assert (plain["workflow_id"], plain["parents"], plain["children"]) == (None, [], [])
+
+
+def test_http_delete_workflow_cancels_it_202_while_a_task_runs(conn: Any, http: Any) -> None:
+    wf = build(conn)
+    running = pgqueue.claim(conn, ["default"], limit=1, worker_id="w")[0]
+    response = http.delete(f"/api/v1/workflows/{wf['id']}")
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "running"
+    pgqueue.cancel_leased(conn, running.lease, "stopped")
+    response = http.delete(f"/api/v1/workflows/{wf['id']}")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+
+
+def test_http_unknown_workflow_is_404(http: Any) -> None:
+    for method in ("GET", "DELETE"):
+        for wid in (str(uuid.uuid4()), "nope"):
+            response = http.request(method, f"/api/v1/workflows/{wid}")
+            assert response.status_code == 404, (method, wid, response.text)
+            assert "no workflow" in response.json()["message"]
