@@ -333,3 +333,27 @@ def test_http_unknown_workflow_is_404(http: Any) -> None:
             response = http.request(method, f"/api/v1/workflows/{wid}")
             assert response.status_code == 404, (method, wid, response.text)
             assert "no workflow" in response.json()["message"]
+
+
+def test_the_readmes_workflow_queries_run_and_show_the_parents(conn: Any) -> None:
+    """The DBA queries of the README's "For the DBA" section, run as printed (with an id)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("Workflows (chains, groups, chords; issue 16)") :]
+    block = section[section.index("```sql") + 6 : section.index("```", section.index("```sql") + 6)]
+    wf = build(conn, max_attempts=1)
+    first, _ = claim(conn)
+    pgqueue.fail(conn, first.lease, "boom")
+    statements = [s for s in re.split(r";\s*\n", block) if s.strip()]
+    assert len(statements) == 4
+    rows = []
+    for sql in statements:
+        sql = "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+        rows.append(conn.execute(sql.replace("0193...", str(wf["id"]))).fetchall())
+    assert rows[0][0][1] == "running"
+    tasks = {r[0]: r for r in rows[2]}
+    assert tasks[wf["callback"]][5] == list(wf["heads"])
+    assert sorted(tasks[wf["callback"]][6]) == ["failed", "running"]
+    assert [r[0] for r in rows[3]] == [wf["callback"]]
