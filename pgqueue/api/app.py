@@ -38,6 +38,7 @@ from pgqueue.api.routes import (
     schedules,
     stats,
     tasks,
+    workflows,
 )
 from pgqueue.api.settings import ApiSettings
 from pgqueue.api.state import ApiState
@@ -52,6 +53,7 @@ V1_ROUTERS = (
     limits.router,
     stats.router,
     failures.router,
+    workflows.router,
 )
 
 

@@ -10,6 +10,7 @@ pgqueue.operations), so that the API refuses with a 422 what the library would r
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -18,7 +19,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 
 from pgqueue import models
 from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
-from pgqueue.models import MAX_ATTEMPTS, Task
+from pgqueue.models import MAX_ATTEMPTS, Parent, Task, WorkflowInfo
 from pgqueue.operations import DAY as _DAY
 from pgqueue.operations import MAX_RATE, MAX_RUNNING
 
@@ -117,7 +118,7 @@ class SubmitOut(BaseModel):
     ``GET`` the ``Location`` for the whole task (TaskOut: these fields and the rest)."""
 
     task_id: uuid.UUID
-    status: Literal["queued", "running", "completed", "failed", "cancelled"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled", "waiting"]
     created_at: datetime
     type: str
     queue: str
@@ -183,6 +184,23 @@ class SubmitOut(BaseModel):
         return cls(**cls.fields_of(task))
 
 
+TaskStatusName = Literal["queued", "running", "completed", "failed", "cancelled", "waiting"]
+
+
+class EdgeOut(BaseModel):
+    """A parent or child of a task (issue 16): its id, type and status now (type and status
+    null for a task since pruned)."""
+
+    task_id: uuid.UUID
+    type: str | None
+    status: TaskStatusName | None
+
+    @classmethod
+    def of(cls, edge: Parent) -> EdgeOut:
+        status = None if edge.status is None else edge.status.value
+        return cls(task_id=edge.task_id, type=edge.type, status=status)  # type: ignore[arg-type]
+
+
 class TaskOut(SubmitOut):
     """A whole task: the short fields of a submit's answer, its payload, result, last error
     and snoozes."""
@@ -203,8 +221,25 @@ class TaskOut(SubmitOut):
         0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
     )
 
+    # Issue 16: where the task sits in a workflow.
+    workflow_id: uuid.UUID | None = Field(
+        None, description="The workflow the task belongs to; null for a plain task."
+    )
+    parents: list[EdgeOut] = Field(
+        default_factory=list,
+        description="The tasks it depends on, in depends_on order, with their statuses now.",
+    )
+    children: list[EdgeOut] = Field(
+        default_factory=list, description="The tasks that depend on it, with their statuses now."
+    )
+
     @classmethod
-    def of(cls, task: Task) -> TaskOut:
+    def of(
+        cls,
+        task: Task,
+        parents: Sequence[Parent] = (),
+        children: Sequence[Parent] = (),
+    ) -> TaskOut:
         error = task.error
         return cls(
             **cls.fields_of(task),
@@ -214,6 +249,9 @@ class TaskOut(SubmitOut):
             last_error_summary=error.summary if error else None,
             last_error_traceback=error.traceback if error else None,
             snoozes=task.snoozes,
+            workflow_id=task.workflow_id,
+            parents=[EdgeOut.of(p) for p in parents],
+            children=[EdgeOut.of(c) for c in children],
         )
 
 
@@ -229,6 +267,71 @@ class CancelOut(BaseModel):
 
 
 # --- dead letters ----------------------------------------------------------------------------
+
+
+# --- workflows (issue 16) --------------------------------------------------------------------
+
+
+class WorkflowTaskOut(BaseModel):
+    """One task of a workflow, with the ids of its parents and children."""
+
+    task_id: uuid.UUID
+    type: str
+    status: TaskStatusName
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    created_at: datetime
+    finished_at: datetime | None
+    result: Any = None
+    last_error_summary: str | None = None
+    parents: list[uuid.UUID]
+    children: list[uuid.UUID]
+
+
+class WorkflowOut(BaseModel):
+    """A workflow: its status derived from its tasks (running, completed, failed,
+    cancelled), counts by task status, its tasks in build order, and its final result (the
+    sink's result, or the list of the sinks' results in build order)."""
+
+    workflow_id: uuid.UUID
+    status: Literal["running", "completed", "failed", "cancelled"]
+    counts: dict[str, int]
+    created_at: datetime
+    finished_at: datetime | None
+    result: Any = None
+    tasks: list[WorkflowTaskOut]
+
+    @classmethod
+    def of(cls, info: WorkflowInfo) -> WorkflowOut:
+        tasks = []
+        for t in info.tasks:
+            error = t.task.error
+            tasks.append(
+                WorkflowTaskOut(
+                    task_id=t.id,
+                    type=t.type,
+                    status=t.status.value,
+                    attempts=t.task.attempts,
+                    max_attempts=t.task.max_attempts,
+                    cancel_requested=t.task.cancel_requested,
+                    created_at=t.task.created_at,
+                    finished_at=t.task.finished_at,
+                    result=t.task.result,
+                    last_error_summary=error.summary if error else None,
+                    parents=list(t.parents),
+                    children=list(t.children),
+                )
+            )
+        return cls(
+            workflow_id=info.id,
+            status=info.status.value,
+            counts=dict(info.counts),
+            created_at=info.created_at,
+            finished_at=info.finished_at,
+            result=info.result,
+            tasks=tasks,
+        )
 
 
 class DeadLetterFilter(BaseModel):

@@ -130,6 +130,26 @@
     return el("a", { href: taskHref(id), class: "id", title: String(id) }, shortId(id));
   }
 
+  // A task's parents or children (issue 16): each a link to its page, its type and status.
+  function edgeList(edges, none) {
+    if (!edges.length) return el("span", { class: "muted" }, none);
+    return el(
+      "ul",
+      { class: "edges" },
+      ...edges.map((edge) =>
+        el(
+          "li",
+          { "data-edge": String(edge.task_id) },
+          taskLink(edge.task_id),
+          " ",
+          el("span", { class: "muted" }, edge.type ?? "(pruned)"),
+          " ",
+          edge.status ? badge(edge.status) : null,
+        ),
+      ),
+    );
+  }
+
   function badge(status) {
     const label = status === "failed" ? "dead" : status;
     return el("span", { class: `badge ${status}`, "data-status": status }, label);
@@ -1014,7 +1034,7 @@
           el("h2", {}, `Task ${task.task_id}`),
           badge(task.status),
           task.status === "failed" ? el("span", { class: "actions" }, actionButtons(task)) : null,
-          (task.status === "queued" || task.status === "running") && !task.cancel_requested
+          (task.status === "queued" || task.status === "running" || task.status === "waiting") && !task.cancel_requested
             ? el("span", { class: "actions" }, el("button", { type: "button", class: "cancel danger", "data-action": "cancel", onclick: () => cancelTask(task) }, "Cancel task…"))
             : null,
         ),
@@ -1058,6 +1078,21 @@
             : null,
         ),
       ),
+      // Issue 16: where the task sits in a workflow, its parents and children with their statuses.
+      task.workflow_id || (task.parents ?? []).length || (task.children ?? []).length
+        ? el(
+            "div",
+            { class: "panel", "data-panel": "workflow" },
+            el("h3", {}, "Workflow"),
+            el(
+              "dl",
+              { class: "fields" },
+              field("workflow-id", "Workflow", task.workflow_id ?? "—"),
+              field("parents", "Parents", edgeList(task.parents ?? [], "none: it starts as soon as it is queued")),
+              field("children", "Children", edgeList(task.children ?? [], "none: nothing waits for it")),
+            ),
+          )
+        : null,
       el("div", { class: "panel" }, el("h3", {}, "Payload"), json("payload", task.payload)),
       el("div", { class: "panel" }, el("h3", {}, "Result"), json("result", task.result)),
       el(

@@ -1079,6 +1079,8 @@ PROTECTED = [
     ("DELETE", "/api/v1/limits/{kind}/{name}", None, None, 200),
     ("GET", "/api/v1/throughput/series", None, None, 200),
     ("GET", "/api/v1/failures", None, None, 200),
+    ("GET", "/api/v1/workflows/{workflow_id}", "workflow", None, 200),
+    ("DELETE", "/api/v1/workflows/{workflow_id}", "workflow", None, 200),
     ("GET", "/metrics", None, None, 200),
 ]
 
@@ -1086,6 +1088,9 @@ PROTECTED = [
 def make_auth_targets(conn: psycopg.Connection[Any]) -> dict[str, uuid.UUID]:
     ids = {"queued": pgqueue.enqueue(conn, "auth", {}, queue="auth").id}
     ids["dead1"], ids["dead2"] = make_dead_letters(conn, 2, queue="auth-dead")
+    ids["workflow"] = pgqueue.enqueue(
+        conn, "auth", {}, queue="auth", workflow_id=uuid.uuid4()
+    ).task.workflow_id
     return ids
 
 
@@ -1093,7 +1098,8 @@ def call_protected(client: httpx.Client, ids: dict[str, uuid.UUID], **options: A
     """Call every protected endpoint once; no response may show a token."""
     responses = []
     for method, route, which, body, _ in PROTECTED:
-        path = route.format(task_id=ids[which] if which else None, name="auth", kind="type")
+        target = ids[which] if which else None
+        path = route.format(task_id=target, workflow_id=target, name="auth", kind="type")
         response = client.request(method, path, json=body, **options)
         for token in (TOKEN, OTHER_TOKEN):
             assert token not in response.text and token not in str(response.headers)
@@ -1472,6 +1478,7 @@ def test_openapi_lists_every_path_and_the_documented_status_codes(shared_client)
         "/api/v1/limits/{kind}/{name}",
         "/api/v1/throughput/series",
         "/api/v1/failures",
+        "/api/v1/workflows/{workflow_id}",
     }
     assert {"200", "202", "400", "401", "413", "422", "503"} <= set(
         paths["/api/v1/tasks"]["post"]["responses"]

@@ -85,6 +85,7 @@ def _poll(what: str, ready: Any, deadline_s: float) -> None:
 class Seed:
     url: str
     ids: dict[str, list[uuid.UUID]]  # status -> ids
+    workflows: tuple[str, ...] = ()  # issue 16: ids of seeded workflows
 
     @property
     def all_ids(self) -> list[str]:
@@ -124,8 +125,10 @@ def _seed(url: str) -> Seed:
         for status, wanted in ids.items():
             for task_id in wanted:
                 assert pgqueue.get_task(conn, task_id).status.value == status
+        # A workflow of one queued task (no edges: the restore puts back the tasks table only).
+        workflow = pgqueue.enqueue(conn, "report", {}, workflow_id=uuid.uuid4()).task.workflow_id
         conn.execute("CREATE TABLE public.fuzz_seed AS SELECT * FROM pgqueue.tasks")
-    return Seed(url, ids)
+    return Seed(url, ids, (str(workflow),))
 
 
 @pytest.fixture(scope="module")
@@ -206,9 +209,13 @@ def api_schema(live_url: str, seeded: Seed) -> schemathesis.BaseSchema:
     )
     known = st.sampled_from(seeded.all_ids).map(lambda task_id: {"task_id": task_id})
 
+    workflows = st.sampled_from(seeded.workflows).map(lambda w: {"workflow_id": w})
+
     @schema.hook
     def before_generate_path_parameters(context: Any, strategy: Any) -> Any:
         operation = getattr(context, "operation", None)
+        if operation is not None and "{workflow_id}" in operation.path:
+            return st.one_of(workflows, strategy)
         if operation is not None and "{task_id}" not in operation.path:
             return strategy  # a queue's name, say: nothing seeded to draw from
         return st.one_of(known, strategy)

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+import pgqueue
 from pgqueue import queries
 from pgqueue.models import Lease, TaskStatus
 from pgqueue.operations import list_args
@@ -705,3 +706,35 @@ def test_plan_checks_reject_a_seq_scan_and_a_sort_of_the_backlog(
     assert sorts_over_the_table(unordered["Plan"]), outline(unordered["Plan"])
     with pytest.raises(AssertionError):
         assert_claim_walks_the_index(unordered, partial_index(big, "queued", "queue"), "probe")
+
+
+def test_reading_a_workflow_reads_only_its_rows_by_the_workflow_index(
+    big: psycopg.Connection[Any],
+) -> None:
+    """pgqueue.workflow's statement, and the DBA's view with WHERE workflow_id (issue 16),
+    reach the workflow's rows through tasks_workflow_idx, not the table (the predicate passes
+    the view's GROUP BY)."""
+    workflow_id = uuid.uuid4()
+    for _ in range(3):
+        pgqueue.enqueue(big, "wf", {}, workflow_id=workflow_id)
+    big.commit()
+    try:
+        big.execute("ANALYZE pgqueue.tasks")
+        big.commit()
+        query = first_query(queries.workflow_get(workflow_id))
+        for label, plan in plans(big, query).items():
+            assert_index_only_access(plan, f"workflow tasks ({label})")
+        analyzed = explain(big, query, analyze=True)
+        assert rows_read(analyzed["Plan"]) <= 3, outline(analyzed["Plan"])
+        row = big.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM pgqueue.workflows WHERE workflow_id = %s",
+            [workflow_id],
+        ).fetchone()
+        assert row is not None
+        view = dict(row[0][0])
+        assert_index_only_access(view, "workflows view")
+        assert rows_read(view["Plan"]) <= 3, outline(view["Plan"])
+    finally:
+        big.rollback()
+        big.execute("DELETE FROM pgqueue.tasks WHERE workflow_id = %s", [workflow_id])
+        big.commit()

@@ -279,3 +279,81 @@ def test_async_twins(conn: Any, database_url: str) -> None:
     result, again = asyncio.run(scenario())
     assert result == 2
     assert again.status is WorkflowStatus.COMPLETED
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http(database_url: str) -> Any:
+    from test_api import halt, launch
+
+    from pgqueue.api import ApiSettings
+
+    live = launch(ApiSettings(database_url=database_url))
+    yield live.client
+    halt([live])
+
+
+def test_http_get_workflow_and_the_task_edges(conn: Any, http: Any) -> None:
+    wf = build(conn)
+    body = http.get(f"/api/v1/workflows/{wf['id']}").json()
+    assert body["status"] == "running" and body["counts"]["waiting"] == 1
+    assert [t["task_id"] for t in body["tasks"]] == [str(i) for i in [*wf["heads"], wf["callback"]]]
+    assert body["tasks"][2]["parents"] == [str(h) for h in wf["heads"]]
+    cb = http.get(f"/api/v1/tasks/{wf['callback']}").json()
+    assert cb["status"] == "waiting" and cb["workflow_id"] == str(wf["id"])
+    assert [(p["task_id"], p["type"], p["status"]) for p in cb["parents"]] == [
+        (str(h), "m", "queued") for h in wf["heads"]
+    ]
+    assert cb["children"] == []
+    head = http.get(f"/api/v1/tasks/{wf['heads'][0]}").json()
+    assert head["parents"] == [] and head["children"] == [
+        {"task_id": str(wf["callback"]), "type": "cb", "status": "waiting"}
+    ]
+    # A plain task keeps its old answer, with the new fields empty.
+    plain = http.get(f"/api/v1/tasks/{pgqueue.enqueue(conn, 'p', {}).id}").json()
+    assert (plain["workflow_id"], plain["parents"], plain["children"]) == (None, [], [])
+
+
+def test_http_delete_workflow_cancels_it_202_while_a_task_runs(conn: Any, http: Any) -> None:
+    wf = build(conn)
+    running = pgqueue.claim(conn, ["default"], limit=1, worker_id="w")[0]
+    response = http.delete(f"/api/v1/workflows/{wf['id']}")
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "running"
+    pgqueue.cancel_leased(conn, running.lease, "stopped")
+    response = http.delete(f"/api/v1/workflows/{wf['id']}")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+
+
+def test_http_unknown_workflow_is_404(http: Any) -> None:
+    for method in ("GET", "DELETE"):
+        for wid in (str(uuid.uuid4()), "nope"):
+            response = http.request(method, f"/api/v1/workflows/{wid}")
+            assert response.status_code == 404, (method, wid, response.text)
+            assert "no workflow" in response.json()["message"]
+
+
+def test_the_readmes_workflow_queries_run_and_show_the_parents(conn: Any) -> None:
+    """The DBA queries of the README's "For the DBA" section, run as printed (with an id)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("Workflows (chains, groups, chords; issue 16)") :]
+    block = section[section.index("```sql") + 6 : section.index("```", section.index("```sql") + 6)]
+    wf = build(conn, max_attempts=1)
+    first, _ = claim(conn)
+    pgqueue.fail(conn, first.lease, "boom")
+    statements = [s for s in re.split(r";\s*\n", block) if s.strip()]
+    assert len(statements) == 4
+    rows = []
+    for sql in statements:
+        sql = "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+        rows.append(conn.execute(sql.replace("0193...", str(wf["id"]))).fetchall())
+    assert rows[0][0][1] == "running"
+    tasks = {r[0]: r for r in rows[2]}
+    assert tasks[wf["callback"]][5] == list(wf["heads"])
+    assert sorted(tasks[wf["callback"]][6]) == ["failed", "running"]
+    assert [r[0] for r in rows[3]] == [wf["callback"]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -25,7 +25,7 @@ from pgqueue.api.schemas import (
 )
 from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH
 from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
-from pgqueue.models import TaskStatus
+from pgqueue.models import Parent, Task, TaskStatus
 from pgqueue.operations import parse_task_id
 
 router = APIRouter(prefix=V1)
@@ -147,14 +147,25 @@ async def get_task(
     has finished (or the wait is up: the status is then still queued or running)."""
     if wait is None:
         async with state.connection() as conn:
-            return TaskOut.of(await aio.get_task(conn, task_id))
+            task = await aio.get_task(conn, task_id)
+            return TaskOut.of(task, *await _edges(conn, task))
     try:
         task = await state.waiters.wait(parse_task_id(task_id), wait)
     except WaitTimeout as exc:
         response.headers["Pgqueue-Wait"] = "timeout"
-        return TaskOut.of(exc.task)
-    response.headers["Pgqueue-Wait"] = "finished"
-    return TaskOut.of(task)
+        task = exc.task
+    else:
+        response.headers["Pgqueue-Wait"] = "finished"
+    async with state.connection() as conn:
+        return TaskOut.of(task, *await _edges(conn, task))
+
+
+async def _edges(conn: Any, task: Task) -> tuple[list[Parent], list[Parent]]:
+    """The task's parents and children (issue 16). Its parents are read only if it ever had
+    some (parents_pending is set then); any task may have children (one probe of the
+    dependencies' parent index)."""
+    parents = [] if task.parents_pending is None else await aio.parents(conn, task.id)
+    return parents, await aio.children(conn, task.id)
 
 
 @router.delete(
