@@ -162,7 +162,13 @@ class TaskFunction(Generic[P, R]):
                 f"{self.type} takes {n} positional argument{'' if n == 1 else 's'} but "
                 f"{len(args)} were given",
             )
-        out = dict(zip(positional, args, strict=False))
+        out = self._with_keywords(dict(zip(positional, args, strict=False)), kwargs)
+        check_arguments(self.parameters.description, out)
+        return out
+
+    def _with_keywords(self, out: dict[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``out`` (the positional arguments by name) with the keyword ones, refusing the
+        context parameter and a name given twice."""
         for name, value in kwargs.items():
             if name == self.parameters.context:
                 raise InvalidArgument(
@@ -171,7 +177,6 @@ class TaskFunction(Generic[P, R]):
             if name in out:
                 raise InvalidArgument(name, f"argument {name!r} is given twice")
             out[name] = value
-        check_arguments(self.parameters.description, out)
         return out
 
     def partial_arguments(
@@ -193,15 +198,7 @@ class TaskFunction(Generic[P, R]):
             **self.parameters.description,
             "parameters": [p for p in params if p["name"] != receives],
         }
-        out = dict(bound)
-        for name, value in kwargs.items():
-            if name == self.parameters.context:
-                raise InvalidArgument(
-                    name, f"argument {name!r} is the task's context: the worker passes it"
-                )
-            if name in out:
-                raise InvalidArgument(name, f"argument {name!r} is given twice")
-            out[name] = value
+        out = self._with_keywords(dict(bound), kwargs)
         check_arguments(rest, out)
         required = any(p["name"] == receives and p.get("required") for p in params)
         return out, receives, required

@@ -588,6 +588,27 @@ def _stored_as_is(text: str) -> str:
     return text  # payload_json is already valid, compact JSON
 
 
+def _spec_columns(specs: Sequence[TaskSpec]) -> dict[str, list[Any]]:
+    """The array-insert statements' task columns, one array per column (task_insert_many's
+    keyed part, task_insert_dependent), built in one place so both insert the same fields."""
+    return {
+        "ids": [s.id for s in specs],
+        "queues": [s.queue for s in specs],
+        "types": [s.type for s in specs],
+        "payloads": [s.payload_json for s in specs],
+        "priorities": [None if s.priority is None else int(s.priority) for s in specs],
+        "max_attempts": [s.max_attempts for s in specs],
+        "backoff_bases": [s.backoff_base for s in specs],
+        "backoff_factors": [s.backoff_factor for s in specs],
+        "backoff_caps": [s.backoff_cap for s in specs],
+        "run_ats": [s.run_at for s in specs],
+        "delays": [s.delay_seconds for s in specs],
+        "explicits": [_explicit(s) for s in specs],
+        "expires_ats": [s.expires_at for s in specs],
+        "expires_ins": [s.expires_in for s in specs],
+    }
+
+
 def task_insert_many(
     specs: Sequence[TaskSpec],
     now: datetime | None = None,
@@ -677,21 +698,8 @@ def _insert_keyed(
     rows = yield Query(
         "task_insert_many",
         {
-            "ids": [s.id for s in specs],
-            "queues": [s.queue for s in specs],
-            "types": [s.type for s in specs],
-            "payloads": [s.payload_json for s in specs],
-            "priorities": [None if s.priority is None else int(s.priority) for s in specs],
-            "max_attempts": [s.max_attempts for s in specs],
-            "backoff_bases": [s.backoff_base for s in specs],
-            "backoff_factors": [s.backoff_factor for s in specs],
-            "backoff_caps": [s.backoff_cap for s in specs],
+            **_spec_columns(specs),
             "idempotency_keys": [s.idempotency_key for s in specs],
-            "run_ats": [s.run_at for s in specs],
-            "delays": [s.delay_seconds for s in specs],
-            "explicits": [_explicit(s) for s in specs],
-            "expires_ats": [s.expires_at for s in specs],
-            "expires_ins": [s.expires_in for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
             **_defaults(),
@@ -769,20 +777,7 @@ def task_insert_dependent(
             "edge_positions": [e[2] for e in edges],
             "edge_run_anyway": [e[3] for e in edges],
             "edge_in_batch": [e[4] for e in edges],
-            "ids": [s.id for s in specs],
-            "queues": [s.queue for s in specs],
-            "types": [s.type for s in specs],
-            "payloads": [s.payload_json for s in specs],
-            "priorities": [None if s.priority is None else int(s.priority) for s in specs],
-            "max_attempts": [s.max_attempts for s in specs],
-            "backoff_bases": [s.backoff_base for s in specs],
-            "backoff_factors": [s.backoff_factor for s in specs],
-            "backoff_caps": [s.backoff_cap for s in specs],
-            "run_ats": [s.run_at for s in specs],
-            "delays": [s.delay_seconds for s in specs],
-            "explicits": [_explicit(s) for s in specs],
-            "expires_ats": [s.expires_at for s in specs],
-            "expires_ins": [s.expires_in for s in specs],
+            **_spec_columns(specs),
             "workflow_ids": [s.workflow_id for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
