@@ -81,6 +81,8 @@ GRANT EXECUTE ON FUNCTION pgqueue.retry_delay(integer, real, real, real),
 GRANT EXECUTE ON FUNCTION pgqueue.task_waiters_wake(uuid[]) TO :"app_role";
 -- ... and releases or cancels their dependants through task_dependants_settle (issue 16).
 GRANT EXECUTE ON FUNCTION pgqueue.task_dependants_settle(uuid[]) TO :"app_role";
+-- ... and a replay revives the dependants its dead letter cancelled (task_dependants_revive).
+GRANT EXECUTE ON FUNCTION pgqueue.task_dependants_revive(uuid[]) TO :"app_role";
 
 -- Hand the role's name to the DO block below (psql substitutes nothing inside $$ quotes).
 SELECT set_config('pgqueue.app_role', :'app_role', false);

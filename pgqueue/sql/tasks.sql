@@ -531,7 +531,7 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id
+RETURNING t.id, t.has_dependants
 ),
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
@@ -539,7 +539,9 @@ woken AS MATERIALIZED (
 ),
 -- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
 settled AS MATERIALIZED (
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -583,7 +585,7 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, decision AS p
  WHERE t.id = p.id AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id, t.status, t.attempts, t.visible_after
+RETURNING t.id, t.status, t.attempts, t.visible_after, t.has_dependants
 ),
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
@@ -591,7 +593,9 @@ woken AS MATERIALIZED (
 ),
 -- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
 settled AS MATERIALIZED (
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status <> 'queued'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status <> 'queued'
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -604,7 +608,7 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock
  WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
-RETURNING t.id
+RETURNING t.id, t.has_dependants
 ),
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
@@ -612,7 +616,9 @@ woken AS MATERIALIZED (
 ),
 -- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
 settled AS MATERIALIZED (
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -639,13 +645,15 @@ snoozed AS (
       FROM clock
      WHERE t.id = %(id)s AND t.lease_token = %(token)s AND t.status = 'running'
        AND coalesce(t.snoozes, 0) < %(max_snoozes)s
-    RETURNING t.id, t.status, t.attempts, t.snoozes, t.visible_after
+    RETURNING t.id, t.status, t.attempts, t.snoozes, t.visible_after, t.has_dependants
 ),
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
 ),
 settled AS MATERIALIZED (  -- issue 16: a cancel is final
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM snoozed WHERE status = 'cancelled'
 )
 SELECT s.* FROM snoozed AS s, woken, settled;
 
@@ -696,14 +704,16 @@ UPDATE pgqueue.tasks AS t
        started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
-RETURNING t.id, t.queue, t.status
+RETURNING t.id, t.queue, t.status, t.has_dependants
 ),
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
 ),
 settled AS MATERIALIZED (  -- issue 16: a cancel is final
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status = 'cancelled'
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -751,7 +761,7 @@ UPDATE pgqueue.tasks AS t
        lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
   FROM expired AS e, clock
  WHERE t.id = e.id
-RETURNING t.id, t.status, t.type, t.attempts
+RETURNING t.id, t.status, t.type, t.attempts, t.has_dependants
 ),
 -- Wake whoever waits on the tasks this made final (see task_waiter_add).
 woken AS MATERIALIZED (
@@ -759,7 +769,9 @@ woken AS MATERIALIZED (
 ),
 -- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
 settled AS MATERIALIZED (
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status <> 'queued'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status <> 'queued'
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -783,11 +795,15 @@ expired AS (
        SET status = 'cancelled', finished_at = clock.now, last_error = 'expired'
       FROM due, clock
      WHERE t.id = due.id
-    RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at
+    RETURNING t.id, t.type, t.queue, t.attempts, t.expires_at, t.has_dependants
 ),
 -- Wake whoever waits on them (see task_waiter_add): an expiry is a final status too.
 woken AS MATERIALIZED (SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM expired),
-settled AS MATERIALIZED (SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM expired)
+settled AS MATERIALIZED (
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM expired
+)
 SELECT e.* FROM expired AS e, woken, settled;
 
 -- name: task_cancel
@@ -817,7 +833,9 @@ woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
 ),
 settled AS MATERIALIZED (  -- issue 16: a cancel is final
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status = 'cancelled'
 )
 SELECT f.* FROM finished AS f, woken, settled;
 
@@ -835,14 +853,23 @@ picked AS (
      ORDER BY queue, finished_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
-)
+),
+replayed AS (
 UPDATE pgqueue.tasks AS t
    SET status = 'queued', attempts = 0, visible_after = clock.now, finished_at = NULL,
        started_at = NULL, result = NULL, cancel_requested = false,
        ready_since = NULL  -- a replay is a new wait, which starts now
   FROM picked, clock
  WHERE t.id = picked.id
-RETURNING t.id, t.queue;
+RETURNING t.id, t.queue, t.has_dependants
+),
+-- The dependants its failure cancelled wait for it again (issue 16).
+revived AS MATERIALIZED (
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_revive(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM replayed
+)
+SELECT r.id, r.queue FROM replayed AS r, revived;
 
 -- name: task_dead_count
 -- How many dead letters a bulk replay or discard by this filter would take, said before it
@@ -1390,9 +1417,13 @@ SELECT kind, holder, pid, state, seconds, xid_age
 
 -- name: task_insert_dependent
 -- Tasks with parents (depends_on) or a workflow (issue 16), in one statement: all or nothing.
--- The parents outside the batch are locked FOR SHARE (in id order) so that none can finish
--- between this read and the commit: a parent finishing later sees these edges and counts
--- them (task_dependants_settle); one already final is counted here. A task is inserted
+-- The parents already in the table (committed, or inserted earlier in this transaction) are
+-- locked in id order, and each not yet final is marked has_dependants, so that none can
+-- finish between this read and the commit, and the statement that finishes it settles
+-- these edges (task_dependants_settle); one already final is counted here. A parent inserted
+-- by this statement is marked as it is inserted. The lock is FOR NO KEY UPDATE, the one the
+-- mark's UPDATE needs: two inserts sharing a parent take turns instead of deadlocking on an
+-- upgrade from a shared lock. A task is inserted
 -- 'waiting' (some parent not final), 'queued' (every parent completed, or final for a
 -- run-anyway task) or 'cancelled' (a parent failed or was cancelled). A parent not found
 -- makes the statement insert nothing and name it (missing).
@@ -1404,23 +1435,31 @@ e AS (
              AS e(child_id, parent_id, position, run_anyway, in_batch)
 ),
 parents AS MATERIALIZED (
-    SELECT t.id, t.type, t.status FROM pgqueue.tasks AS t
-     WHERE t.id IN (SELECT parent_id FROM e WHERE NOT in_batch)
+    SELECT t.id, t.type, t.status, t.has_dependants FROM pgqueue.tasks AS t
+     WHERE t.id IN (SELECT parent_id FROM e)
      ORDER BY t.id
-       FOR SHARE
+       FOR NO KEY UPDATE
 ),
+-- bucket: the 64 parents of a child that share a pending count (task_dependency_buckets).
 edges AS MATERIALIZED (
-    SELECT e.*, p.type AS parent_type,
+    SELECT e.*, p.type AS parent_type, e.position / 64 AS bucket,
            CASE WHEN p.status IN ('completed', 'failed', 'cancelled') THEN p.status END
                AS outcome,
            (e.in_batch OR p.id IS NOT NULL) AS known
       FROM e LEFT JOIN parents AS p ON p.id = e.parent_id
 ),
 missing AS MATERIALIZED (SELECT array_agg(parent_id) AS ids FROM edges WHERE NOT known),
+marked AS (
+    UPDATE pgqueue.tasks AS t SET has_dependants = true
+      FROM parents AS p
+     WHERE t.id = p.id AND p.has_dependants IS NOT TRUE
+       AND p.status NOT IN ('completed', 'failed', 'cancelled')
+       AND (SELECT ids FROM missing) IS NULL
+),
 children AS MATERIALIZED (
     SELECT child_id,
            bool_or(outcome IN ('failed', 'cancelled') AND NOT run_anyway) AS doomed,
-           count(DISTINCT position / 64) FILTER (WHERE outcome IS NULL) AS open_buckets,
+           count(DISTINCT bucket) FILTER (WHERE outcome IS NULL) AS open_buckets,
            (array_agg(format('parent %%s (%%s) %%s', parent_id, parent_type, outcome)
                       ORDER BY position)
                 FILTER (WHERE outcome IN ('failed', 'cancelled') AND NOT run_anyway))[1]
@@ -1435,7 +1474,7 @@ inserted AS (
                                backoff_factor, backoff_cap, visible_after, created_at,
                                trace_context, policy_default, expires_at, status,
                                parents_pending, workflow_id, cancelled_by, last_error,
-                               finished_at)
+                               finished_at, has_dependants)
     SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
            coalesce(v.priority, d.priority, %(default_priority)s::smallint),
            coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
@@ -1451,7 +1490,8 @@ inserted AS (
            c.open_buckets, v.workflow_id,
            CASE WHEN c.doomed THEN c.cancelled_by END,
            CASE WHEN c.doomed THEN c.reason END,
-           CASE WHEN c.doomed THEN clock.now END
+           CASE WHEN c.doomed THEN clock.now END,
+           CASE WHEN v.id IN (SELECT parent_id FROM e) THEN true END
       FROM clock,
            unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
                   %(priorities)s::smallint[], %(max_attempts)s::integer[],
@@ -1473,14 +1513,14 @@ inserted AS (
 edges_in AS (
     INSERT INTO pgqueue.task_dependencies (child_id, parent_id, position, run_anyway, bucket,
                                            outcome)
-    SELECT child_id, parent_id, position, run_anyway, position / 64, outcome FROM edges
+    SELECT child_id, parent_id, position, run_anyway, bucket, outcome FROM edges
      WHERE (SELECT ids FROM missing) IS NULL
 ),
 buckets_in AS (
     INSERT INTO pgqueue.task_dependency_buckets (child_id, bucket, pending)
-    SELECT child_id, position / 64, count(*) FROM edges
+    SELECT child_id, bucket, count(*) FROM edges
      WHERE outcome IS NULL AND (SELECT ids FROM missing) IS NULL
-     GROUP BY child_id, position / 64
+     GROUP BY child_id, bucket
 )
 SELECT m.ids AS missing, i.*,
        CASE WHEN i.status = 'queued' AND i.visible_after <= i.created_at
@@ -1546,7 +1586,7 @@ UPDATE pgqueue.tasks AS t
        cancel_requested = true
   FROM clock, locked
  WHERE t.id = locked.id AND t.status IN ('queued', 'running', 'waiting')
-RETURNING t.id, t.status,
+RETURNING t.id, t.status, t.has_dependants,
           CASE WHEN t.status = 'running'
                THEN pg_notify('pgqueue_cancel', t.lease_owner || ' ' || t.id::text) END
               AS cancel_notified
@@ -1555,6 +1595,8 @@ woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
 ),
 settled AS MATERIALIZED (
-    SELECT pgqueue.task_dependants_settle(array_agg(id)) FROM finished WHERE status = 'cancelled'
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status = 'cancelled'
 )
 SELECT f.id, f.status FROM finished AS f, woken, settled;

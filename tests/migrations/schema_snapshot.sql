@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0012_workflow_views
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0013_dependants_flag
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -146,7 +146,8 @@ CREATE TABLE pgqueue.tasks (
     expires_at timestamp with time zone,
     workflow_id uuid,
     parents_pending integer,
-    cancelled_by uuid
+    cancelled_by uuid,
+    has_dependants boolean
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
@@ -326,6 +327,100 @@ CREATE OR REPLACE FUNCTION pgqueue.retry_delay(attempts integer, base real, fact
  PARALLEL SAFE
 RETURN (LEAST((cap)::double precision, ((base)::double precision * power((factor)::double precision, (GREATEST((attempts - 1), 0))::double precision))) * ((1.0)::double precision - (random() * (0.5)::double precision)));
 
+CREATE OR REPLACE FUNCTION pgqueue.task_dependants_revive(parent_ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+    DECLARE
+        ids uuid[] := parent_ids;
+        revived integer := 0;
+        r_child uuid[];
+        r_bucket integer[];
+        k_child uuid[];
+        k_opened integer[];
+        was_cancelled uuid[];
+    BEGIN
+        WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
+            -- The children, locked in id order (parents are held by the caller).
+            SELECT array_agg(id) FILTER (WHERE status = 'cancelled') INTO was_cancelled FROM (
+                SELECT id, status FROM pgqueue.tasks
+                 WHERE id IN (SELECT child_id FROM pgqueue.task_dependencies
+                               WHERE parent_id = ANY(ids) AND outcome IN ('failed', 'cancelled'))
+                 ORDER BY id FOR UPDATE
+            ) AS l;
+            WITH taken AS (
+                UPDATE pgqueue.task_dependencies AS d SET outcome = NULL
+                  FROM pgqueue.tasks AS c
+                 WHERE d.parent_id = ANY(ids) AND d.outcome IN ('failed', 'cancelled')
+                   AND c.id = d.child_id
+                   AND (c.status = 'waiting'
+                        OR (c.status = 'cancelled' AND c.cancelled_by = d.parent_id))
+                RETURNING d.child_id, d.bucket
+            )
+            SELECT array_agg(child_id ORDER BY child_id, bucket),
+                   array_agg(bucket ORDER BY child_id, bucket)
+              INTO r_child, r_bucket
+              FROM taken;
+            EXIT WHEN r_child IS NULL;
+
+            -- Buckets in key order: pending again (one emptied re-opens, the child's
+            -- parents_pending counts it once more).
+            PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
+             WHERE (b.child_id, b.bucket) IN (SELECT * FROM unnest(r_child, r_bucket))
+             ORDER BY b.child_id, b.bucket
+               FOR UPDATE;
+            WITH g AS (
+                SELECT child_id, bucket, count(*) AS k
+                  FROM unnest(r_child, r_bucket) AS x(child_id, bucket)
+                 GROUP BY child_id, bucket
+            ),
+            opened AS (
+                UPDATE pgqueue.task_dependency_buckets AS b SET pending = b.pending + g.k
+                  FROM g WHERE b.child_id = g.child_id AND b.bucket = g.bucket
+                RETURNING b.child_id, b.pending = g.k AS reopened
+            )
+            SELECT array_agg(child_id ORDER BY child_id), array_agg(n ORDER BY child_id)
+              INTO k_child, k_opened
+              FROM (SELECT child_id, count(*) FILTER (WHERE reopened)::integer AS n
+                      FROM opened GROUP BY child_id) AS o;
+
+            WITH c AS (
+                SELECT * FROM unnest(k_child, k_opened) AS c(child_id, opened)
+            ),
+            still AS (  -- another parent that still dooms the child, first in depends_on order
+                SELECT DISTINCT ON (d.child_id) d.child_id, d.parent_id,
+                       format('parent %s (%s) %s', p.id, p.type, d.outcome) AS reason
+                  FROM pgqueue.task_dependencies AS d
+                  JOIN c USING (child_id)
+                  LEFT JOIN pgqueue.tasks AS p ON p.id = d.parent_id
+                 WHERE d.outcome IN ('failed', 'cancelled') AND NOT d.run_anyway
+                 ORDER BY d.child_id, d.position
+            ),
+            moved AS (
+                UPDATE pgqueue.tasks AS t
+                   SET parents_pending = coalesce(t.parents_pending, 0) + c.opened,
+                       status = CASE WHEN t.status = 'cancelled' AND s.child_id IS NULL
+                                     THEN 'waiting' ELSE t.status END,
+                       cancelled_by = CASE WHEN t.status <> 'cancelled' THEN t.cancelled_by
+                                           ELSE s.parent_id END,
+                       last_error = CASE WHEN t.status <> 'cancelled' THEN t.last_error
+                                         ELSE s.reason END,
+                       finished_at = CASE WHEN t.status = 'cancelled' AND s.child_id IS NULL
+                                          THEN NULL ELSE t.finished_at END
+                  FROM c LEFT JOIN still AS s USING (child_id)
+                 WHERE t.id = c.child_id
+                RETURNING t.id, t.status
+            )
+            SELECT array_agg(id) FILTER (WHERE status = 'waiting'
+                                           AND id = ANY(coalesce(was_cancelled, '{}')))
+              INTO ids FROM moved;
+            -- Those revived take back what their cancellation counted, in the next round.
+            revived := revived + coalesce(cardinality(ids), 0);
+        END LOOP;
+        RETURN revived;
+    END
+    $function$;
+
 CREATE OR REPLACE FUNCTION pgqueue.task_dependants_settle(parent_ids uuid[])
  RETURNS integer
  LANGUAGE plpgsql
@@ -334,88 +429,115 @@ AS $function$
         ids uuid[] := parent_ids;
         released integer := 0;
         n integer;
+        e_child uuid[];      -- the edges counted now: child, bucket, dooming parent, reason
+        e_bucket integer[];
+        e_doom uuid[];
+        e_reason text[];
+        k_child uuid[];      -- the children to touch: buckets closed, doomed by, reason
+        k_closed integer[];
+        k_doom uuid[];
+        k_reason text[];
+        k_waiting uuid[];    -- of those, the ones still waiting (locked)
     BEGIN
         WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
-            -- A plain task (no dependants) costs one probe of the parent index.
-            EXIT WHEN NOT EXISTS (SELECT 1 FROM pgqueue.task_dependencies
-                                   WHERE parent_id = ANY(ids) AND outcome IS NULL);
-            CREATE TEMP TABLE IF NOT EXISTS pgqueue_settled (
-                child_id uuid, bucket integer, doom boolean, parent_id uuid, reason text
-            ) ON COMMIT DROP;
-            TRUNCATE pgqueue_settled;
             WITH counted AS (
                 UPDATE pgqueue.task_dependencies AS d SET outcome = p.status
                   FROM pgqueue.tasks AS p
                  WHERE d.parent_id = ANY(ids) AND d.outcome IS NULL AND p.id = d.parent_id
                    AND p.status IN ('completed', 'failed', 'cancelled')
-                RETURNING d.child_id, d.bucket, d.position, d.run_anyway, p.id, p.type,
-                          p.status
+                RETURNING d.child_id, d.bucket, d.position,
+                          CASE WHEN p.status IN ('failed', 'cancelled') AND NOT d.run_anyway
+                               THEN p.id END AS doom,
+                          format('parent %s (%s) %s', p.id, p.type, p.status) AS reason
             )
-            INSERT INTO pgqueue_settled
-            SELECT child_id, bucket,
-                   status IN ('failed', 'cancelled') AND NOT run_anyway, id,
-                   format('parent %s (%s) %s', id, type, status)
+            SELECT array_agg(child_id ORDER BY child_id, position),
+                   array_agg(bucket ORDER BY child_id, position),
+                   array_agg(doom ORDER BY child_id, position),
+                   array_agg(reason ORDER BY child_id, position)
+              INTO e_child, e_bucket, e_doom, e_reason
               FROM counted;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            EXIT WHEN n = 0;
+            EXIT WHEN e_child IS NULL;
+
             -- Buckets, locked in key order, then emptied by the edges counted.
             PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
-              JOIN (SELECT DISTINCT child_id, bucket FROM pgqueue_settled) AS s
-                USING (child_id, bucket)
-             ORDER BY b.child_id, b.bucket FOR UPDATE OF b;
-            WITH g AS (SELECT child_id, bucket, count(*) AS k FROM pgqueue_settled
-                        GROUP BY child_id, bucket),
+             WHERE (b.child_id, b.bucket) IN (SELECT * FROM unnest(e_child, e_bucket))
+             ORDER BY b.child_id, b.bucket
+               FOR UPDATE;
+            WITH g AS (
+                SELECT child_id, bucket, count(*) AS k
+                  FROM unnest(e_child, e_bucket) AS x(child_id, bucket)
+                 GROUP BY child_id, bucket
+            ),
             emptied AS (
                 UPDATE pgqueue.task_dependency_buckets AS b SET pending = b.pending - g.k
                   FROM g WHERE b.child_id = g.child_id AND b.bucket = g.bucket
                 RETURNING b.child_id, b.pending
             ),
-            per_child AS (
-                SELECT c.child_id,
-                       (SELECT count(*) FROM emptied AS e
-                         WHERE e.child_id = c.child_id AND e.pending = 0) AS closed,
-                       (SELECT s.parent_id FROM pgqueue_settled AS s
-                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS doomed_by,
-                       (SELECT s.reason FROM pgqueue_settled AS s
-                         WHERE s.child_id = c.child_id AND s.doom LIMIT 1) AS reason
-                  FROM (SELECT DISTINCT child_id FROM pgqueue_settled) AS c
+            closed AS (
+                SELECT child_id, count(*)::integer AS closed FROM emptied
+                 WHERE pending = 0 GROUP BY child_id
             ),
-            locked AS MATERIALIZED (
-                SELECT t.id FROM pgqueue.tasks AS t JOIN per_child AS c ON c.child_id = t.id
-                 ORDER BY t.id FOR UPDATE OF t
+            doomed AS (  -- the first dooming parent of each child, in depends_on order
+                SELECT DISTINCT ON (child_id) child_id, doom, reason
+                  FROM unnest(e_child, e_doom, e_reason) WITH ORDINALITY
+                       AS x(child_id, doom, reason, ord)
+                 WHERE doom IS NOT NULL
+                 ORDER BY child_id, ord
+            ),
+            touched AS (
+                SELECT child_id, coalesce(c.closed, 0) AS closed, d.doom, d.reason
+                  FROM closed AS c FULL JOIN doomed AS d USING (child_id)
+            )
+            SELECT array_agg(child_id ORDER BY child_id), array_agg(closed ORDER BY child_id),
+                   array_agg(doom ORDER BY child_id), array_agg(reason ORDER BY child_id)
+              INTO k_child, k_closed, k_doom, k_reason
+              FROM touched;
+            EXIT WHEN k_child IS NULL;
+
+            -- The children, locked in id order; only a waiting one changes status.
+            SELECT array_agg(id) INTO k_waiting FROM (
+                SELECT id, status FROM pgqueue.tasks WHERE id = ANY(k_child)
+                 ORDER BY id FOR UPDATE
+            ) AS l WHERE status = 'waiting';
+            WITH c AS (
+                SELECT c.*, c.child_id = ANY(coalesce(k_waiting, '{}')) AS waiting
+                  FROM unnest(k_child, k_closed, k_doom, k_reason)
+                       AS c(child_id, closed, doomed_by, reason)
             ),
             moved AS (
                 UPDATE pgqueue.tasks AS t
                    SET parents_pending = t.parents_pending - c.closed,
-                       status = CASE WHEN t.status <> 'waiting' THEN t.status
+                       status = CASE WHEN NOT c.waiting THEN t.status
                                      WHEN c.doomed_by IS NOT NULL THEN 'cancelled'
                                      WHEN t.parents_pending - c.closed = 0 THEN 'queued'
                                      ELSE t.status END,
-                       cancelled_by = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                       cancelled_by = CASE WHEN c.waiting AND c.doomed_by IS NOT NULL
                                            THEN c.doomed_by ELSE t.cancelled_by END,
-                       last_error = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                       last_error = CASE WHEN c.waiting AND c.doomed_by IS NOT NULL
                                          THEN c.reason ELSE t.last_error END,
-                       finished_at = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NOT NULL
+                       finished_at = CASE WHEN c.waiting AND c.doomed_by IS NOT NULL
                                           THEN now() ELSE t.finished_at END,
-                       visible_after = CASE WHEN t.status = 'waiting' AND c.doomed_by IS NULL
+                       visible_after = CASE WHEN c.waiting AND c.doomed_by IS NULL
                                              AND t.parents_pending - c.closed = 0
                                             THEN greatest(t.visible_after, now())
                                             ELSE t.visible_after END
-                  FROM per_child AS c, locked AS l
-                 WHERE t.id = c.child_id AND l.id = c.child_id
-                RETURNING t.id, t.queue, t.status, t.visible_after,
-                          t.status = 'cancelled' AND t.finished_at = now() AS just_cancelled
+                  FROM c
+                 WHERE t.id = c.child_id
+                RETURNING t.id, t.queue, t.status, c.waiting
             ),
             woke AS (
                 SELECT count(pg_notify('pgqueue', q.queue)) AS k
-                  FROM (SELECT DISTINCT queue FROM moved WHERE status = 'queued') AS q
+                  FROM (SELECT DISTINCT queue FROM moved
+                         WHERE waiting AND status = 'queued') AS q
             )
-            SELECT array_agg(id) FILTER (WHERE just_cancelled),
-                   count(*) FILTER (WHERE status = 'queued') + max(woke.k) * 0
-              INTO ids, n
+            SELECT array_agg(id) FILTER (WHERE waiting AND status = 'cancelled'),
+                   count(*) FILTER (WHERE waiting AND status = 'queued') + max(woke.k) * 0
+              INTO k_waiting, n
               FROM moved, woke;
             released := released + coalesce(n, 0);
-            PERFORM pgqueue.task_waiters_wake(ids);
+            PERFORM pgqueue.task_waiters_wake(k_waiting);
+            -- The cancelled ones settle their own dependants in the next round.
+            ids := k_waiting;
         END LOOP;
         RETURN released;
     END
