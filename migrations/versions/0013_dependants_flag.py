@@ -67,10 +67,18 @@ def upgrade() -> None:
         k_waiting uuid[];    -- of those, the ones still waiting (locked)
     BEGIN
         WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
-            WITH counted AS (
+            -- Each parent is read by its id alone (a lateral LIMIT 1): joined on the status,
+            -- the planner, whose statistics may say that few tasks are final, reads every
+            -- final task once per edge (a quadratic drain of a chord).
+            WITH p AS (
+                SELECT p.* FROM unnest(ids) AS i(id)
+                 CROSS JOIN LATERAL (SELECT id, type, status FROM pgqueue.tasks
+                                      WHERE id = i.id LIMIT 1) AS p
+            ),
+            counted AS (
                 UPDATE pgqueue.task_dependencies AS d SET outcome = p.status
-                  FROM pgqueue.tasks AS p
-                 WHERE d.parent_id = ANY(ids) AND d.outcome IS NULL AND p.id = d.parent_id
+                  FROM p
+                 WHERE d.parent_id = p.id AND d.outcome IS NULL
                    AND p.status IN ('completed', 'failed', 'cancelled')
                 RETURNING d.child_id, d.bucket, d.position,
                           CASE WHEN p.status IN ('failed', 'cancelled') AND NOT d.run_anyway
@@ -197,13 +205,15 @@ def upgrade() -> None:
                                WHERE parent_id = ANY(ids) AND outcome IN ('failed', 'cancelled'))
                  ORDER BY id FOR UPDATE
             ) AS l;
-            WITH taken AS (
+            WITH taken AS (  -- each child read by its id alone (see task_dependants_settle)
                 UPDATE pgqueue.task_dependencies AS d SET outcome = NULL
-                  FROM pgqueue.tasks AS c
-                 WHERE d.parent_id = ANY(ids) AND d.outcome IN ('failed', 'cancelled')
-                   AND c.id = d.child_id
+                  FROM pgqueue.task_dependencies AS e
+                 CROSS JOIN LATERAL (SELECT status, cancelled_by FROM pgqueue.tasks
+                                      WHERE id = e.child_id LIMIT 1) AS c
+                 WHERE e.parent_id = ANY(ids) AND e.outcome IN ('failed', 'cancelled')
+                   AND d.child_id = e.child_id AND d.parent_id = e.parent_id
                    AND (c.status = 'waiting'
-                        OR (c.status = 'cancelled' AND c.cancelled_by = d.parent_id))
+                        OR (c.status = 'cancelled' AND c.cancelled_by = e.parent_id))
                 RETURNING d.child_id, d.bucket
             )
             SELECT array_agg(child_id ORDER BY child_id, bucket),

@@ -1440,9 +1440,12 @@ parents AS MATERIALIZED (
      ORDER BY t.id
        FOR NO KEY UPDATE
 ),
--- bucket: the 64 parents of a child that share a pending count (task_dependency_buckets).
+-- bucket: the parents of a child that share a pending count (task_dependency_buckets), 64
+-- at most, dealt out by position modulo the number of buckets: neighbours (which workers
+-- claim and complete at the same time) share none.
 edges AS MATERIALIZED (
-    SELECT e.*, p.type AS parent_type, e.position / 64 AS bucket,
+    SELECT e.*, p.type AS parent_type,
+           e.position %% ((count(*) OVER (PARTITION BY e.child_id) + 63) / 64) AS bucket,
            CASE WHEN p.status IN ('completed', 'failed', 'cancelled') THEN p.status END
                AS outcome,
            (e.in_batch OR p.id IS NOT NULL) AS known
