@@ -219,9 +219,12 @@ def prepare(
     if max_attempts is not None:
         attempts = RetryPolicy(max_attempts).max_attempts  # validated as a policy would be
     task_id = new_task_id()
-    parents = dependencies.parse_depends_on(depends_on, task_id)
-    run_anyway = dependencies.parse_on_parent_failure(on_parent_failure)
-    workflow = None if workflow_id is None else _workflow_id(workflow_id)
+    parents: tuple[uuid.UUID, ...] = ()
+    run_anyway, workflow = False, None
+    if depends_on is not None or on_parent_failure != "cancel" or workflow_id is not None:
+        parents = dependencies.parse_depends_on(depends_on, task_id)  # a plain task skips these
+        run_anyway = dependencies.parse_on_parent_failure(on_parent_failure)
+        workflow = None if workflow_id is None else _workflow_id(workflow_id)
     if parents and idempotency_key is not None:
         raise ValidationError(
             "idempotency_key", "is not supported with depends_on (give it to a root task)"
