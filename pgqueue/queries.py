@@ -452,6 +452,7 @@ def task_insert(
             "trace_context": _trace_json(trace_context),
             "expires_at": spec.expires_at,
             "expires_in": spec.expires_in,
+            "workflow_id": spec.workflow_id,  # read by task_insert only (a keyed root task)
             **_defaults(),
         },
     )
@@ -700,6 +701,7 @@ def _insert_keyed(
         {
             **_spec_columns(specs),
             "idempotency_keys": [s.idempotency_key for s in specs],
+            "workflow_ids": [s.workflow_id for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
             **_defaults(),
@@ -790,6 +792,15 @@ def task_insert_dependent(
         child = next((s.id for s in specs if missing[0] in s.depends_on), None)
         raise UnknownParent(missing[0], task_id=child)
     by_id = {row["id"]: row for row in rows}
+    # A task inserted cancelled (a parent outside the batch had failed) cancels its children
+    # inserted beside it, which could not see it final in the same statement.
+    parents_here = {p for s in specs for p in s.depends_on}
+    doomed = [i for i, row in by_id.items() if row["status"] == "cancelled" and i in parents_here]
+    if doomed:
+        yield Query("task_dependants_settle", {"ids": doomed})
+        waiting = [i for i, row in by_id.items() if row["status"] == "waiting"]
+        for row in (yield Query("task_outcomes", {"ids": waiting})):
+            by_id[row["id"]] = {**by_id[row["id"]], **row}
     out = []
     for s in specs:
         row = by_id[s.id]

@@ -12,7 +12,8 @@ WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
-                               created_at, trace_context, policy_default, expires_at)
+                               created_at, trace_context, policy_default, expires_at,
+                               workflow_id)
     SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
            %(payload)s::jsonb,
            coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
@@ -26,7 +27,8 @@ inserted AS (
            CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END,
            -- The expiry (issue 15): an absolute time, or seconds from the server's clock.
            coalesce(%(expires_at)s::timestamptz,
-                    clock.now + %(expires_in)s::double precision * interval '1 second')
+                    clock.now + %(expires_in)s::double precision * interval '1 second'),
+           %(workflow_id)s::uuid  -- a workflow's root task with a key (issue 16)
       FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, priority, visible_after, created_at, max_attempts, expires_at
@@ -97,7 +99,7 @@ FROM STDIN (FORMAT BINARY);
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
-                           created_at, trace_context, policy_default, expires_at)
+                           created_at, trace_context, policy_default, expires_at, workflow_id)
 SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
        coalesce(v.priority, d.priority, %(default_priority)s::smallint),
        coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
@@ -108,23 +110,36 @@ SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::j
        coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
        %(trace_context)s::jsonb,
        CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END,
-       coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second')  -- issue 15
+       coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second'),  -- issue 15
+       v.workflow_id  -- a workflow's root task with a key (issue 16)
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
               %(backoff_factors)s::real[], %(backoff_caps)s::real[],
               %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
               %(delays)s::double precision[], %(explicits)s::boolean[],
-              %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[])
+              %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[],
+              %(workflow_ids)s::uuid[])
        WITH ORDINALITY
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
-            backoff_cap, idempotency_key, run_at, delay, explicit, expires_at, expires_in, n)
+            backoff_cap, idempotency_key, run_at, delay, explicit, expires_at, expires_in,
+            workflow_id, n)
        LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
  -- In the caller's order, whatever the join: of two tasks in one batch with the same key,
  -- the first is the one created.
  ORDER BY v.n
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, visible_after, created_at, max_attempts, queue, priority, expires_at;
+
+-- name: task_dependants_settle
+-- Settle the dependants of tasks already final (task_insert_dependent: a task of the batch
+-- inserted cancelled, whose children in the same statement could not see it so).
+SELECT pgqueue.task_dependants_settle(%(ids)s::uuid[]) AS released;
+
+-- name: task_outcomes
+-- What became of tasks just inserted, read again after task_dependants_settle moved them.
+SELECT id, status, parents_pending, cancelled_by, last_error, finished_at
+  FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: queue_notify
 -- Wake idle workers of these queues (once per queue, after a bulk insert).

@@ -153,3 +153,30 @@ def test_a_wide_fan_in_revives_with_its_buckets_counted_again(conn: Any) -> None
     assert complete_ready(conn) == [failing.id]
     t = task(conn, child.id)
     assert (t.status, t.parents_pending) == (TaskStatus.QUEUED, 0)
+
+
+def test_a_batch_child_of_a_task_inserted_cancelled_is_cancelled_too(conn: Any) -> None:
+    """A parent outside the batch had failed: the batch's task under it is inserted cancelled,
+    and that task's own child in the same batch must not wait for ever."""
+    failed = pgqueue.enqueue(conn, "p", {}, max_attempts=1)
+    conn.commit()
+    dead_letter(conn, failed.id)
+    middle = pgqueue.prepare("m", {}, depends_on=[failed.id])
+    last = pgqueue.prepare("l", {}, depends_on=[middle])
+    results = pgqueue.enqueue_many(conn, [middle, last])
+    conn.commit()
+    assert [r.task.status for r in results] == [TaskStatus.CANCELLED, TaskStatus.CANCELLED]
+    t = task(conn, last.id)
+    assert (t.status, t.cancelled_by) == (TaskStatus.CANCELLED, middle.id)
+    assert t.last_error == f"parent {middle.id} (m) cancelled"
+
+
+def test_a_keyed_root_task_keeps_its_workflow_id(conn: Any) -> None:
+    workflow = uuid.uuid4()
+    one = pgqueue.enqueue(conn, "r", {}, idempotency_key="root-1", workflow_id=workflow)
+    (many,) = pgqueue.enqueue_many(
+        conn, [pgqueue.prepare("r", {}, idempotency_key="root-2", workflow_id=workflow)]
+    )
+    conn.commit()
+    assert task(conn, one.id).workflow_id == workflow
+    assert task(conn, many.task.id).workflow_id == workflow
