@@ -225,6 +225,11 @@ class TaskOut(SubmitOut):
     workflow_id: uuid.UUID | None = Field(
         None, description="The workflow the task belongs to; null for a plain task."
     )
+    cancelled_by: uuid.UUID | None = Field(
+        None,
+        description="The parent whose failure or cancellation cancelled this task (its "
+        "last_error names it); null otherwise.",
+    )
     parents: list[EdgeOut] = Field(
         default_factory=list,
         description="The tasks it depends on, in depends_on order, with their statuses now.",
@@ -250,6 +255,7 @@ class TaskOut(SubmitOut):
             last_error_traceback=error.traceback if error else None,
             snoozes=task.snoozes,
             workflow_id=task.workflow_id,
+            cancelled_by=task.cancelled_by,
             parents=[EdgeOut.of(p) for p in parents],
             children=[EdgeOut.of(c) for c in children],
         )

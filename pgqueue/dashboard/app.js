@@ -1088,6 +1088,7 @@
               "dl",
               { class: "fields" },
               field("workflow-id", "Workflow", task.workflow_id ?? "—"),
+              task.cancelled_by ? field("cancelled-by", "Cancelled by", taskLink(task.cancelled_by), el("span", { class: "muted" }, " (that parent failed or was cancelled)")) : null,
               field("parents", "Parents", edgeList(task.parents ?? [], "none: it starts as soon as it is queued")),
               field("children", "Children", edgeList(task.children ?? [], "none: nothing waits for it")),
             ),

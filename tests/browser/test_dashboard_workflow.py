@@ -64,3 +64,18 @@ def test_a_plain_tasks_page_has_no_workflow_panel(
     page.goto(f"{server.base}/dashboard/#/tasks/{task_id}")
     expect(page.locator("#task h2")).to_have_text(f"Task {task_id}")
     expect(page.locator('#task [data-panel="workflow"]')).to_have_count(0)
+
+
+def test_a_cancelled_childs_page_links_the_parent_that_cancelled_it(
+    page: Any, server: Server, conn: psycopg.Connection[Any]
+) -> None:
+    parent = pgqueue.enqueue(conn, "fetch", {})
+    child = pgqueue.enqueue(conn, "report", {}, depends_on=[parent])
+    pgqueue.cancel(conn, parent.id)
+    sign_in(page, server)
+    page.goto(f"{server.base}/dashboard/#/tasks/{child.id}")
+    by = page.locator('#task [data-panel="workflow"] [data-field="cancelled-by"]')
+    expect(by).to_contain_text("failed or was cancelled")
+    by.locator("a").click()
+    expect(page.locator("#task h2")).to_have_text(f"Task {parent.id}")
+    expect(page.locator('#task [data-field="cancelled-by"]')).to_have_count(0)

@@ -314,6 +314,18 @@ def test_http_get_workflow_and_the_task_edges(conn: Any, http: Any) -> None:
     # A plain task keeps its old answer, with the new fields empty.
     plain = http.get(f"/api/v1/tasks/{pgqueue.enqueue(conn, 'p', {}).id}").json()
     assert (plain["workflow_id"], plain["parents"], plain["children"]) == (None, [], [])
+    assert plain["cancelled_by"] is None
+
+
+def test_http_task_names_the_parent_that_cancelled_it(conn: Any, http: Any) -> None:
+    parent = pgqueue.enqueue(conn, "p", {})
+    child = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    conn.commit()
+    pgqueue.cancel(conn, parent.id)
+    conn.commit()
+    body = http.get(f"/api/v1/tasks/{child.id}").json()
+    assert (body["status"], body["cancelled_by"]) == ("cancelled", str(parent.id))
+    assert body["last_error"] == f"parent {parent.id} (p) cancelled"
 
 
 def test_http_delete_workflow_cancels_it_202_while_a_task_runs(conn: Any, http: Any) -> None:
