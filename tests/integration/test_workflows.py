@@ -181,6 +181,31 @@ def test_a_sqlalchemy_session_holds_the_workflow(database_url, conn):
     assert sorted(t.id for t in pgqueue.list_tasks(conn)) == sorted(t.id for t in kept.tasks)
 
 
+def test_a_sqlalchemy_async_session_holds_the_workflow(database_url, conn):
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    tasks, add, total, _, _ = arithmetic()
+
+    async def scenario() -> tuple[pgqueue.WorkflowHandle, Any]:
+        engine = create_async_engine("postgresql+psycopg://" + database_url.split("://", 1)[1])
+        try:
+            async with AsyncSession(engine) as session:
+                await pgqueue.chain(add.s(1, 2), add.s(3)).aenqueue(session)
+                await session.rollback()
+            async with AsyncSession(engine) as session:
+                kept = await pgqueue.chord([add.s(1, 2), add.s(3, 4)], total.s()).aenqueue(session)
+                await session.commit()
+            run_worker_until(database_url, tasks, lambda: final(conn, kept))
+            async with AsyncSession(engine) as session:
+                return kept, await kept.await_result(session, timeout=5)
+        finally:
+            await engine.dispose()
+
+    kept, result = asyncio.run(scenario())
+    assert sorted(t.id for t in pgqueue.list_tasks(conn)) == sorted(t.id for t in kept.tasks)
+    assert result == 10
+
+
 def test_aenqueue_and_await_result_on_an_async_connection(database_url, conn):
     tasks, add, _, _, _ = arithmetic()
 
