@@ -1,0 +1,118 @@
+"""A parent's completion racing a cancel of its dependant (issue 16), in two transactions on
+two connections, against real PostgreSQL, with the interleaving forced: the first writer's
+transaction stays open, holding its row locks, while the second writer's statement runs in a
+thread until PostgreSQL shows it waiting for a lock the first holds (or it has finished, for an
+implementation where the two share no row); then the first commits.
+
+Whichever goes first, neither deadlocks nor fails, and the child ends cancelled, once: never
+released after it was cancelled, never left waiting with its parent final.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgqueue
+from pgqueue.models import TaskStatus
+
+Connect = Callable[..., psycopg.Connection[Any]]
+
+
+def writer(connect: Connect) -> psycopg.Connection[Any]:
+    """A connection for one side of the race: in a transaction (the caller commits), a lock
+    wait bounded so a bug fails the test instead of hanging it, and a deadlock found at once."""
+    conn = connect(autocommit=True)
+    conn.execute("SET lock_timeout = '30s'")
+    conn.execute("SET deadlock_timeout = '50ms'")
+    conn.autocommit = False
+    return conn
+
+
+def wait_until_blocked_or_done(
+    observer: psycopg.Connection[Any], waiter_pid: int, holder_pid: int, thread: threading.Thread
+) -> bool:
+    """Whether the waiter's statement waits for a lock the holder's transaction holds; False
+    if it finished without waiting. Fails the test after 30 s of neither."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = observer.execute("SELECT pg_blocking_pids(%s)", [waiter_pid]).fetchone()
+        if row is not None and holder_pid in row[0]:
+            return True
+        if not thread.is_alive():
+            return False
+        time.sleep(0.01)
+    pytest.fail("the second writer neither waited for the first nor finished")
+
+
+@pytest.mark.parametrize("first", ["completion", "cancel"])
+@pytest.mark.parametrize("cancelled", ["child", "workflow", "other_parent"])
+def test_a_parents_completion_and_a_cancel_in_concurrent_transactions_end_the_child_once(
+    connect: Connect, first: str, cancelled: str
+) -> None:
+    setup = connect()
+    wf = uuid.uuid4()
+    parent = pgqueue.enqueue(setup, "p", {}, workflow_id=wf)
+    other = pgqueue.enqueue(setup, "o", {}, workflow_id=wf, delay=3600)  # never claimed here
+    parents = [parent, other] if cancelled == "other_parent" else [parent]
+    child = pgqueue.enqueue(setup, "c", {}, depends_on=parents, workflow_id=wf)
+    (running,) = pgqueue.claim(setup, ["default"], limit=10, worker_id="w")
+    assert running.id == parent.id
+
+    completer, canceller = writer(connect), writer(connect)
+
+    def complete() -> None:
+        pgqueue.complete(completer, running.lease, "done")
+
+    def cancel() -> None:
+        if cancelled == "child":
+            pgqueue.cancel(canceller, child.id)
+        elif cancelled == "workflow":
+            pgqueue.cancel_workflow(canceller, wf)
+        else:
+            pgqueue.cancel(canceller, other.id)
+
+    holder, waiter = (completer, canceller) if first == "completion" else (canceller, completer)
+    hold, wait = (complete, cancel) if first == "completion" else (cancel, complete)
+    hold()  # its transaction stays open, its locks held
+
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            wait()
+            waiter.commit()
+        except BaseException as exc:
+            errors.append(exc)
+            waiter.rollback()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    try:
+        wait_until_blocked_or_done(
+            connect(), waiter.info.backend_pid, holder.info.backend_pid, thread
+        )
+    finally:
+        holder.commit()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert errors == []
+
+    task = pgqueue.get_task(setup, child.id)
+    assert task.status is TaskStatus.CANCELLED
+    assert task.finished_at is not None
+    # Cancelled by the operator, or by the other parent's cancel; never by the parent, which
+    # completed.
+    assert task.cancelled_by == (other.id if cancelled == "other_parent" else None)
+    done = pgqueue.get_task(setup, parent.id)
+    assert (done.status, done.result) == (TaskStatus.COMPLETED, "done")
+    assert pgqueue.list_tasks(setup, status="waiting") == []
+    # Not claimable: it was not released after it was cancelled.
+    later = pgqueue.claim(setup, ["default"], limit=10, worker_id="w2")
+    assert child.id not in {t.id for t in later}
