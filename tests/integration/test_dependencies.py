@@ -4,6 +4,7 @@ cancelled (reason naming the parent) when a parent fails, unless it runs anyway.
 
 from __future__ import annotations
 
+import random
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -242,3 +243,58 @@ def test_a_refused_batch_writes_none_of_its_tasks_in_the_callers_transaction(
         pgqueue.enqueue_many(conn, [pgqueue.prepare("plain", {}), *bad])
     assert graph_rows(conn) == before
     conn.rollback()
+
+
+# --- a chord's fan-in across buckets (issue 16) -----------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_fan_in_of_130_parents_releases_the_child_once_after_the_last(
+    connect: Any, seed: int
+) -> None:
+    """130 parents (three buckets of 64) completed in a shuffled order in 8 transactions:
+    the child waits through every one but the last, is released in the last, and only once
+    (one wake-up of its queue, claimed once)."""
+    conn = connect()
+    members = [pgqueue.prepare("member", {"n": n}) for n in range(130)]
+    callback = pgqueue.prepare("callback", {}, queue="callbacks", depends_on=members)
+    pgqueue.enqueue_many(conn, [*members, callback])
+    listener = connect()
+    listener.execute("LISTEN pgqueue")
+    leases = []
+    while batch := claim(conn):
+        leases.extend(t.lease for t in batch)
+    assert sorted(lease.task_id for lease in leases) == sorted(m.id for m in members)
+    random.Random(seed).shuffle(leases)
+    chunks = [leases[i : i + 17] for i in range(0, len(leases), 17)]
+    assert len(chunks) == 8
+
+    writer = connect(autocommit=False)
+    for i, chunk in enumerate(chunks):
+        done = pgqueue.complete_many(writer, [(lease, lease.task_id.hex) for lease in chunk])
+        assert done == {lease.task_id for lease in chunk}
+        last = i == len(chunks) - 1
+        # Released (or not) in the transaction of the completions themselves.
+        expected = TaskStatus.QUEUED if last else TaskStatus.WAITING
+        assert status(writer, callback.id) is expected
+        writer.commit()
+        assert status(conn, callback.id) is expected
+        if not last:
+            assert pgqueue.claim(conn, ["callbacks"], limit=10, worker_id="w") == []
+
+    # Notifications arrive in commit order: once this one is read, every earlier one was.
+    conn.execute("SELECT pg_notify('pgqueue', 'end of test')")
+    payloads = []
+    for note in listener.notifies(timeout=60):
+        if note.payload == "end of test":
+            break
+        payloads.append(note.payload)
+    else:
+        pytest.fail("the sentinel notification never arrived")
+    assert payloads.count("callbacks") == 1
+    (claimed,) = pgqueue.claim(conn, ["callbacks"], limit=10, worker_id="w")
+    assert (claimed.id, claimed.attempts) == (callback.id, 1)
+    pgqueue.complete(conn, claimed.lease, "all in")
+    assert pgqueue.claim(conn, ["callbacks"], limit=10, worker_id="w") == []
+    results = [p.result for p in pgqueue.parents(conn, callback.id)]
+    assert results == [m.id.hex for m in members]  # in depends_on order, not completion order
