@@ -708,14 +708,16 @@ def test_run_at_outside_the_representable_range_is_422(client, conn):
 # --- listing -----------------------------------------------------------------------------------
 
 
-def test_list_filters_by_status(client, conn):
+def test_list_filters_by_every_status(client, conn):
     queued = pgqueue.enqueue(conn, "a", {}, queue="q").id
     running = make_running(conn).id
     completed = make_completed(conn, 1)
     cancelled = pgqueue.cancel(conn, pgqueue.enqueue(conn, "a", {}, queue="q").id).id
     (dead,) = make_dead_letters(conn, 1)
+    waiting = pgqueue.enqueue(conn, "a", {}, queue="q", depends_on=[queued]).id
 
     expected = {
+        "waiting": {waiting},
         "queued": {queued},
         "running": {running},
         "completed": {completed},
@@ -729,7 +731,7 @@ def test_list_filters_by_status(client, conn):
         assert {uuid.UUID(t["task_id"]) for t in items} == ids, status
         assert {t["status"] for t in items} == {status}
     everything = client.get("/api/v1/tasks").json()
-    assert len(everything["items"]) == 5
+    assert len(everything["items"]) == 6
     assert everything["next_cursor"] is None
     assert_error(
         client.get("/api/v1/tasks", params={"status": "exploded"}), 422, "invalid_request", "status"

@@ -405,3 +405,42 @@ def test_the_library_gives_the_same_series_and_failures_sync_and_on_the_client(d
         assert [p.failed for p in client.throughput_series(minutes=5)] == [p.failed for p in series]
     with pytest.raises(pgqueue.ValidationError):
         pgqueue.throughput_series(conn, minutes=1441)
+
+
+class _StatusOptions(HTMLParser):
+    """The values of the task list's status filter (<select name="status">)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.values: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "select":
+            self.inside = named.get("name") == "status"
+        elif tag == "option" and self.inside:
+            self.values.append(named.get("value") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self.inside = False
+
+
+def test_the_task_lists_status_filter_offers_every_status_and_the_api_lists_each(api, conn):
+    """Waiting tasks (issue 16) included: each option of the served page's filter is a status
+    the API's task list accepts, and it lists exactly the tasks in that status."""
+    parent = pgqueue.enqueue(conn, "p", {}).id
+    waiting = pgqueue.enqueue(conn, "c", {}, depends_on=[parent]).id
+    page = api.request("GET", "/dashboard/")
+    assert page.status_code == 200
+    options = _StatusOptions()
+    options.feed(page.text)
+    assert options.values[0] == ""  # any
+    assert sorted(options.values[1:]) == sorted(s.value for s in pgqueue.TaskStatus)
+    expected = {"waiting": {waiting}, "queued": {parent}}
+    for status in options.values[1:]:
+        response = api.request("GET", "/api/v1/tasks", params={"status": status})
+        assert response.status_code == 200, (status, response.text)
+        listed = {uuid.UUID(t["task_id"]) for t in response.json()["items"]}
+        assert listed == expected.get(status, set()), status

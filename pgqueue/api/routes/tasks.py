@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -22,6 +22,7 @@ from pgqueue.api.schemas import (
     SubmitTask,
     TaskOut,
     TaskPage,
+    TaskStatusName,
 )
 from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH
 from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
@@ -193,7 +194,7 @@ async def cancel_task(task_id: str, response: Response, state: AppState) -> Canc
 @router.get("/tasks", response_model=TaskPage, responses=responses(*COMMON))
 async def list_tasks(
     state: AppState,
-    status: Literal["queued", "running", "completed", "failed", "cancelled"] | None = None,
+    status: TaskStatusName | None = None,
     type: Name = None,
     queue: Name = None,
     limit: Limit = 50,
