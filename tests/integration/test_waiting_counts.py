@@ -1,0 +1,105 @@
+"""Tasks waiting on their parents (status 'waiting', issue 16) where operators count and list
+tasks, against real PostgreSQL.
+
+Counted today: the DBA's pgqueue.queue_depth view and pgqueue.queue_stats() (which read the
+whole table anyway), and listed by status in the CLI, the HTTP API and the dashboard's filter.
+
+Not yet: the cheap reads asked every few seconds (the overview behind `pgqueue stats`,
+GET /api/v1/stats, /metrics and the dashboard; the queue list; whether a queue exists) read
+each status through a partial index of its rows, and no index holds the waiting rows, so
+counting them there would read the whole table on every scrape. Those tests are strict
+xfails until a migration adds one (an index on (queue, priority) WHERE status = 'waiting').
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+import pgqueue
+from pgqueue.cli import app
+from pgqueue.models import QueueStats, TaskStatus
+
+NEEDS_WAITING_INDEX = pytest.mark.xfail(
+    strict=True,
+    reason="gap: no index holds the waiting rows, so the overview, the queue list and the "
+    "queue probe (each read through partial indexes only) do not read them; needs a "
+    "migration adding an index on (queue, priority) WHERE status = 'waiting'",
+)
+
+
+def waiting_in_their_own_queue(conn: psycopg.Connection[Any]) -> list[pgqueue.EnqueueResult]:
+    """A parent in 'default' and three dependants waiting on it in 'callbacks' (one high)."""
+    parent = pgqueue.enqueue(conn, "p", {})
+    return [
+        pgqueue.enqueue(conn, "c", {}, queue="callbacks", depends_on=[parent], priority=p)
+        for p in ("normal", "normal", "high")
+    ]
+
+
+def test_the_queue_depth_view_and_queue_stats_count_waiting_tasks(conn: Any) -> None:
+    waiting_in_their_own_queue(conn)
+    rows = {(s.queue, s.priority, s.status): s for s in pgqueue.queue_stats(conn)}
+    assert rows[("callbacks", "normal", "waiting")] == QueueStats(
+        "callbacks", "normal", "waiting", 2, 0, 0, None
+    )
+    assert rows[("callbacks", "high", "waiting")].tasks == 1
+    assert rows[("default", "normal", "queued")].tasks == 1
+    assert not any(
+        s.status == "queued" for s in pgqueue.queue_stats(conn) if s.queue == "callbacks"
+    )
+    view = conn.execute(
+        "SELECT priority, tasks FROM pgqueue.queue_depth"
+        " WHERE queue = 'callbacks' AND status = 'waiting' ORDER BY priority"
+    ).fetchall()
+    assert view == [("high", 1), ("normal", 2)]
+
+
+def test_cli_list_by_status_waiting_lists_the_waiting_tasks(database_url: str, conn: Any) -> None:
+    children = waiting_in_their_own_queue(conn)
+    result = CliRunner().invoke(
+        app, ["--database-url", database_url, "--json", "list", "--status", "waiting"]
+    )
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)
+    assert {d["task_id"] for d in listed} == {str(c.id) for c in children}
+    assert {d["status"] for d in listed} == {"waiting"}
+
+
+@NEEDS_WAITING_INDEX
+def test_the_overview_counts_waiting_tasks_by_queue_and_priority(conn: Any) -> None:
+    """What `pgqueue stats` (and --json), GET /api/v1/stats, the pgqueue_queue_depth gauge and
+    the dashboard's queue table show."""
+    waiting_in_their_own_queue(conn)
+    rows = {(s.queue, s.priority, s.status): s.tasks for s in pgqueue.overview(conn)}
+    assert rows.get(("callbacks", "normal", "waiting")) == 2
+    assert rows.get(("callbacks", "high", "waiting")) == 1
+
+
+@NEEDS_WAITING_INDEX
+def test_a_queue_whose_only_tasks_are_waiting_is_listed(conn: Any) -> None:
+    """`pgqueue queue list` (and GET /api/v1/queues) lists every queue with tasks in any
+    status."""
+    waiting_in_their_own_queue(conn)
+    assert "callbacks" in {q.name for q in pgqueue.list_queues(conn)}
+
+
+@NEEDS_WAITING_INDEX
+def test_a_queue_whose_only_tasks_are_waiting_may_be_paused_without_create(conn: Any) -> None:
+    """The CLI and the API refuse to pause a queue with no tasks and no settings unless told
+    --create (most often a typo); a queue of waiting tasks is not one."""
+    waiting_in_their_own_queue(conn)
+    assert pgqueue.pause_queue(conn, "callbacks", create=False).paused
+
+
+def test_waiting_tasks_are_not_claimed_and_not_counted_as_ready(conn: Any) -> None:
+    """The claim and the backlog (the autoscaling signal) never read them."""
+    children = waiting_in_their_own_queue(conn)
+    assert pgqueue.claim(conn, ["callbacks"], limit=10, worker_id="w") == []
+    backlog = pgqueue.backlog(conn, ["callbacks"])
+    assert all(b.ready == b.scheduled == b.running == 0 for b in backlog), backlog
+    assert {pgqueue.get_task(conn, c.id).status for c in children} == {TaskStatus.WAITING}
