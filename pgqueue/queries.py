@@ -626,11 +626,22 @@ def task_insert_many(
         return []
     graph = [s for s in specs if _in_graph(s)]
     if graph:
+        from pgqueue import dependencies
+
+        # Refused before anything is written: in the caller's transaction, a batch that is
+        # refused leaves none of its tasks behind, not even those without parents.
+        dependencies.check_acyclic({s.id: s.depends_on for s in graph})
         specs_all = specs
         specs = [s for s in specs if not _in_graph(s)]
         done = yield from task_insert_many(specs, now, trace_context, key_reuse)
         batch = {s.id for s in specs_all}
-        created = yield from task_insert_dependent(graph, now, trace_context, batch)
+        try:
+            created = yield from task_insert_dependent(graph, now, trace_context, batch)
+        except UnknownParent:
+            ours = [t.id for t, was_created in done if was_created]
+            if ours:
+                yield Query("task_delete_created", {"ids": ours})
+            raise
         by_id = {t.id: (t, c) for t, c in done} | {t.id: (t, True) for t in created}
         return [by_id[s.id] for s in specs_all]
     results: dict[uuid.UUID, tuple[Task, bool]] = {}

@@ -222,11 +222,6 @@ def test_a_parent_named_twice_in_any_form_is_refused_with_nothing_written(conn: 
     assert graph_rows(conn) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: enqueue_many inserts a refused batch's tasks without parents (COPY) before "
-    "it checks the dependent ones; in the caller's transaction they stay written",
-)
 @pytest.mark.parametrize("refused", ["cycle", "unknown_parent"])
 def test_a_refused_batch_writes_none_of_its_tasks_in_the_callers_transaction(
     connect: Any, refused: str
