@@ -212,6 +212,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("priority_name", "EXECUTE"),
         ("task_waiters_wake", "EXECUTE"),
         ("task_dependants_settle", "EXECUTE"),
+        ("task_dependants_revive", "EXECUTE"),
     }
     if version >= 170000:
         expected.add(("tasks", "MAINTAIN"))
