@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 from pgqueue import queries
 from pgqueue.errors import WaitTimeout, WorkflowWaitTimeout
@@ -28,9 +29,34 @@ from pgqueue.queries import DONE_CHANNEL, AwaitNotify, Listen, WaitOp
 
 DEFAULT_POLL_INTERVAL = 2.0
 
+T = TypeVar("T")
+
 # A waiter's row outlives its timeout by this much before another waiter may delete it as
 # the leftover of a waiter that died (one that is alive removes its own row when it ends).
 REGISTRATION_MARGIN = 60.0
+
+
+def _until_woken(
+    deadline: float, next_poll: float, keys: set[str], clock: Callable[[], float]
+) -> WaitOp[None]:
+    """Sleep until a notification names one of ``keys`` (the tasks this waiter registered on),
+    or the poll or the deadline is due: the caller then reads again. A notification for
+    another waiter's task on the same connection (the API's shared one) sleeps on."""
+    while True:
+        due = min(deadline, next_poll)
+        woken = yield AwaitNotify(DONE_CHANNEL, due - clock())
+        if not woken or not keys.isdisjoint(woken) or clock() >= due:
+            return
+
+
+def _listening(key: uuid.UUID, body: WaitOp[T]) -> WaitOp[T]:
+    """Run ``body`` while listening on ``pgqueue_done``. Listening before registering: a
+    notification sent after the registration commits is then never lost on this connection."""
+    yield Listen(DONE_CHANNEL, key)
+    try:
+        return (yield from body)
+    finally:
+        yield Listen(DONE_CHANNEL, key, listen=False)
 
 
 def wait_loop(
@@ -42,32 +68,27 @@ def wait_loop(
 ) -> WaitOp[Task]:
     """The task once it is final (completed, failed, cancelled), or WaitTimeout carrying the
     task as last read after ``timeout`` seconds. Arguments are validated by the caller."""
+    return _listening(task_id, _wait_task(task_id, timeout, poll_interval, clock))
+
+
+def _wait_task(
+    task_id: uuid.UUID, timeout: float, poll_interval: float, clock: Callable[[], float]
+) -> WaitOp[Task]:
     deadline = clock() + timeout
     waiter = uuid.uuid4()
-    key = str(task_id)
-    # Listening before registering: a notification sent after the registration commits is
-    # then never lost on this connection.
-    yield Listen(DONE_CHANNEL, task_id)
     try:
-        try:
-            # Inside the try: interrupted while registering (a cancelled request), the row may
-            # have been written all the same; removing one that is not there costs nothing.
-            seconds = timeout + REGISTRATION_MARGIN
-            task = yield from queries.task_waiter_add(task_id, waiter, seconds)
+        # Inside the try: interrupted while registering (a cancelled request), the row may
+        # have been written all the same; removing one that is not there costs nothing.
+        task = yield from queries.task_waiter_add(task_id, waiter, timeout + REGISTRATION_MARGIN)
+        next_poll = clock() + poll_interval
+        while not task.status.is_final:
+            if clock() >= deadline:
+                raise WaitTimeout(task, timeout)
+            yield from _until_woken(deadline, next_poll, {str(task_id)}, clock)
+            task = yield from queries.task_get(task_id)
             next_poll = clock() + poll_interval
-            while not task.status.is_final:
-                now = clock()
-                if now >= deadline:
-                    raise WaitTimeout(task, timeout)
-                woken = yield AwaitNotify(DONE_CHANNEL, min(deadline, next_poll) - now)
-                if woken and key not in woken and clock() < min(deadline, next_poll):
-                    continue  # another task someone waits on; not ours, nor time to poll
-                task = yield from queries.task_get(task_id)
-                next_poll = clock() + poll_interval
-        finally:
-            yield from queries.task_waiter_remove(task_id, waiter)
     finally:
-        yield Listen(DONE_CHANNEL, task_id, listen=False)
+        yield from queries.task_waiter_remove(task_id, waiter)
     return task
 
 
@@ -88,42 +109,38 @@ def workflow_wait_loop(
     workflow as last read after ``timeout`` seconds. As :func:`wait_loop`, but registered on
     the workflow's unfinished tasks: the finish of any of them wakes it to read the workflow
     again."""
+    return _listening(workflow_id, _wait_workflow(workflow_id, timeout, poll_interval, clock))
+
+
+def _wait_workflow(
+    workflow_id: uuid.UUID, timeout: float, poll_interval: float, clock: Callable[[], float]
+) -> WaitOp[WorkflowInfo]:
     deadline = clock() + timeout
     waiter = uuid.uuid4()
     seconds = timeout + REGISTRATION_MARGIN
     watched: set[uuid.UUID] = set()
-    yield Listen(DONE_CHANNEL, workflow_id)
     try:
-        try:
+        info = yield from queries.workflow_get(workflow_id)
+        next_poll = clock() + poll_interval
+        while not info.status.is_final:
+            pending = [t.id for t in info.tasks if not t.status.is_final]
+            if not watched.intersection(pending):
+                if watched:
+                    yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
+                    watched = set()
+                pick = pending[-MAX_WATCHED:]
+                read = yield from queries.task_waiter_add_many([(i, waiter, seconds) for i in pick])
+                watched = set(pick)
+                # Registered after the read above: one may have finished in between.
+                if any(TaskStatus(r[0]["status"]).is_final for r in read.values()):
+                    info = yield from queries.workflow_get(workflow_id)
+                    continue
+            if clock() >= deadline:
+                raise WorkflowWaitTimeout(info, timeout)
+            yield from _until_woken(deadline, next_poll, {str(i) for i in watched}, clock)
             info = yield from queries.workflow_get(workflow_id)
             next_poll = clock() + poll_interval
-            while not info.status.is_final:
-                pending = [t.id for t in info.tasks if not t.status.is_final]
-                if not watched.intersection(pending):
-                    if watched:
-                        yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
-                        watched = set()
-                    pick = pending[-MAX_WATCHED:]
-                    read = yield from queries.task_waiter_add_many(
-                        [(i, waiter, seconds) for i in pick]
-                    )
-                    watched = set(pick)
-                    # Registered after the read above: one may have finished in between.
-                    if any(TaskStatus(r[0]["status"]).is_final for r in read.values()):
-                        info = yield from queries.workflow_get(workflow_id)
-                        continue
-                now = clock()
-                if now >= deadline:
-                    raise WorkflowWaitTimeout(info, timeout)
-                woken = yield AwaitNotify(DONE_CHANNEL, min(deadline, next_poll) - now)
-                ours = {str(i) for i in watched}
-                if woken and ours.isdisjoint(woken) and clock() < min(deadline, next_poll):
-                    continue
-                info = yield from queries.workflow_get(workflow_id)
-                next_poll = clock() + poll_interval
-        finally:
-            if watched:
-                yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
     finally:
-        yield Listen(DONE_CHANNEL, workflow_id, listen=False)
+        if watched:
+            yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
     return info
