@@ -118,7 +118,8 @@ CREATE TABLE chaos.executions (
     lease_token uuid        NOT NULL,
     attempt     integer     NOT NULL,
     pid         integer     NOT NULL,
-    started_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    received    jsonb       -- a workflow step's parents' results as it got them (else NULL)
 );
 CREATE INDEX ON chaos.executions (task_id);
 -- One row per effect written in the completion's own transaction (no unique key on purpose:
