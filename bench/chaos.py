@@ -5,6 +5,7 @@ brings are injected on a seeded schedule, and then every task is accounted for.
     python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, ~1 min
     python -m bench.chaos --scenarios pinned_xid,pinned_readers --tasks 3000
     python -m bench.chaos --seed 7 --scenarios kill9,sigstop --tasks 5000
+    python -m bench.chaos --scenarios workflow --tasks 3000 --seed 1
 
 It starts a private PostgreSQL server of its own (never the machine's shared one: it restarts
 and kills it), migrates it, and starts ``--workers`` real ``pgqueue worker`` processes, which
@@ -31,7 +32,22 @@ while the scenario's faults are injected:
 ``pinned_readers``        issue 19: 2 sessions, each in one REPEATABLE READ transaction,
                           loop ``SELECT count(*) FROM pgqueue.tasks`` (0.5 s between counts:
                           a report)
+``workflow``              issue 16: the tasks are workflows (below); SIGKILLs of workers and
+                          ``pg_terminate_backend`` of their connections, ``--repeats`` of
+                          each, and one restart ``-m immediate``, in a seeded order
 ========================  =================================================================
+
+The workflow scenario's producer submits, through the public API, chains of 3-4 function
+tasks (each receiving the previous one's result), groups of 3-6, chords of 20-50 members and
+a callback (half of them followed by one more step), DAGs written by ``enqueue_many`` with
+``depends_on`` (a diamond and a step after it and the root), and, for ~1 % poison, doomed
+workflows: a poison step after a normal one, its dependant and that one's (to be cancelled,
+each naming its parent), a clean-up step run anyway after the poison, and another after a
+cancelled step and a completed one. At least 150 tasks over at least 6 s, paced at
+``--rate`` tasks per second. Idempotency keys are refused with ``depends_on``, so each workflow
+is one transaction that first inserts the workflow's key into ``chaos.workflows`` (then its
+id and task ids): a retry whose insert finds the key (waiting for a commit still in flight)
+knows the earlier one stored, so "accepted" is exact here too.
 
 A pinned scenario's pressure opens at 20 % of its producer window and ends at 80 % (where
 the other scenarios' faults fall). It runs on the driver's own connections (never terminated
@@ -49,6 +65,21 @@ beyond the first and whether each is explained by a lost lease (each on a lease 
 more executions than claims), transactional effects that are not exactly one per completed
 task (0), late outcomes fenced (from the workers' logs), and the seconds from the last fault
 until every task accepted before it had finished. Any violation fails the run (exit 1).
+
+For tasks with parents (the workflow scenario's; ``check_dependants``), also from the
+database: a dependant whose first execution (``chaos.executions.started_at``, server clock)
+began before a parent's ``finished_at`` (a run-anyway one included: it runs once its failed
+parent is final); one still ``waiting`` though every parent is final (a lost release; and any
+task left waiting, queued or running counts as lost, as above); a dependant of a
+dead-lettered or cancelled parent that is not cancelled with ``cancelled_by`` that parent and
+a reason naming it, or that ran; a run-anyway one that did not complete; one cancelled by a
+parent though none failed; and a step that did not receive its parents' results in
+depends_on order (each execution records what it got; a chord callback's must be its
+members' 0, 1, ... in order). A dependant run twice by a double release is an execution no
+failure or lost lease explains: counted with the re-runs. A dependant rightly cancelled is
+not lost (its own column). Reported, not checked: the release delay, a dependant's first
+start less its last parent's ``finished_at`` (p50, p99, max; the pickup latency is then of
+the tasks without parents only).
 
 Reported with each scenario, not checked: the oldest snapshot seen while it ran (sampled every
 second from pg_stat_activity of the chaos database: the oldest ``backend_xmin`` or
@@ -77,7 +108,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -85,7 +116,7 @@ from typing import Any
 import psycopg
 
 import pgqueue
-from bench.chaos_handlers import POISON, SURVIVE
+from bench.chaos_handlers import POISON, SURVIVE, link
 from bench.private_postgres import PrivateServer, private_server
 from pgqueue import migrate
 
@@ -101,12 +132,20 @@ SCENARIOS = (
     "sigstop",
     "pinned_xid",
     "pinned_readers",
+    "workflow",
 )
 PINNED = frozenset({"pinned_xid", "pinned_readers"})
 PINNED_READERS = 2  # REPEATABLE READ sessions of pinned_readers
 READER_PAUSE = 0.5  # seconds between one reader's counts
 PINNED_MIN_WINDOW = 6.0  # seconds: a pinned scenario's producer runs at least this long
 POISON_TYPES = frozenset({"chaos.poison", "chaos.suicide_always"})
+# The tasks that must simply complete: recovery is measured on them.
+NORMAL_TYPES = frozenset({"chaos.work", "chaos.step", "chaos.link"})
+# Workflow steps that record what their parents gave them (chaos.executions.received).
+RECEIVING_TYPES = frozenset({"chaos.step", "chaos.link"})
+FINAL = frozenset({"completed", "failed", "cancelled"})
+WORKFLOW_MIN_WINDOW = 6.0  # seconds: the workflow scenario's producer runs at least this long
+WORKFLOW_MIN_TASKS = 150  # and submits at least this many tasks (a few chords even in the smoke)
 QUEUE = "chaos"
 DRIVER = "chaos-driver"  # application_name of our own connections: never terminated by us
 
@@ -130,6 +169,15 @@ CREATE TABLE chaos.effects (
     written_at  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX ON chaos.effects (task_id);
+-- One row per workflow the producer submitted, written in the workflow's own transaction
+-- (so "accepted" is exact without idempotency keys, which depends_on refuses): the key is
+-- inserted first, and a retry whose insert finds it there knows the earlier commit happened.
+CREATE TABLE chaos.workflows (
+    key         text        PRIMARY KEY,
+    kind        text        NOT NULL,
+    workflow_id uuid,
+    task_ids    uuid[]
+);
 """
 
 
@@ -601,6 +649,9 @@ class Producer(threading.Thread):
         self.retries = 0
         self.failed: list[str] = []
 
+    def task_ids(self) -> list[uuid.UUID]:
+        return list(self.accepted.values())
+
     def run(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         t0 = time.monotonic()
@@ -636,6 +687,204 @@ class Producer(threading.Thread):
             conn.close()
 
 
+# --- the workflow scenario (issue 16) ----------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PlannedFlow:
+    """One workflow of the workflow scenario: ``submit`` writes it on the connection it is
+    given (in the caller's transaction) and returns its workflow id and task ids."""
+
+    kind: str
+    tasks: int
+    submit: Callable[[psycopg.Connection[Any]], tuple[uuid.UUID, list[uuid.UUID]]]
+
+
+class FlowPlanner:
+    """Builds the workflow scenario's workflows with the public API, half their steps
+    writing a transactional effect (as ``chaos.work`` does)."""
+
+    def __init__(self, scenario: str, rng: random.Random) -> None:
+        self.scenario, self.rng, self.count = scenario, rng, 0
+
+    def payload(self, i: int, **extra: Any) -> dict[str, Any]:
+        self.count += 1
+        mode = "tx" if self.count % 2 else "sep"
+        ms = self.rng.randint(5, 40)
+        return {"i": i, "ms": ms, "mode": mode, "scenario": self.scenario, **extra}
+
+    def step(self, i: int, **extra: Any) -> pgqueue.Step:
+        return pgqueue.step("chaos.step", self.payload(i, **extra), queue=QUEUE, retry=SURVIVE)
+
+    def link(self, i: int, first: bool) -> pgqueue.Step:
+        p = self.payload(i)
+        del p["scenario"]  # a function task's arguments are its parameters
+        fn = link.options(queue=QUEUE)
+        return fn.s(None, **p) if first else fn.s(**p)  # the first link binds prev=None
+
+    def poison(self) -> pgqueue.Step:
+        return pgqueue.step("chaos.poison", {"scenario": self.scenario}, queue=QUEUE, retry=POISON)
+
+    def flow(self, kind: str) -> PlannedFlow:
+        rng = self.rng
+        node: Any
+        if kind == "chain":  # 3-4 function tasks, each receiving the previous one's result
+            n = rng.randint(3, 4)
+            node = pgqueue.chain(*(self.link(i, i == 0) for i in range(n)))
+        elif kind == "group":
+            n = rng.randint(3, 6)
+            node = pgqueue.group(*(self.step(i) for i in range(n)))
+        elif kind == "chord":  # 20-50 members, a callback with their results; half with a tail
+            members = rng.randint(20, 50)
+            node = pgqueue.chord(
+                [self.step(i) for i in range(members)], self.step(0, collect=members)
+            )
+            n = members + 1
+            if rng.random() < 0.5:
+                node = pgqueue.chain(node, self.step(0))
+                n += 1
+        elif kind == "doomed":
+            # A poison step (dead-lettered): its dependant and that one's are cancelled, each
+            # naming its parent; the clean-up steps (run anyway) run, one after the poison, one
+            # after a cancelled step and a completed one.
+            node = pgqueue.chain(
+                self.step(0),
+                self.poison(),
+                pgqueue.group(pgqueue.chain(self.step(0), self.step(1)), self.step(2).run_anyway()),
+                self.step(0).run_anyway(),
+            )
+            n = 6
+        elif kind == "dag":  # by depends_on: a diamond a -> (b, c) -> d, and e after (d, a)
+            return PlannedFlow(kind, 5, self._dag([self.payload(i) for i in range(5)]))
+        else:
+            raise ValueError(kind)
+
+        def submit(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, list[uuid.UUID]]:
+            handle = node.enqueue(conn)
+            return handle.id, [t.id for t in handle.tasks]
+
+        return PlannedFlow(kind, n, submit)
+
+    @staticmethod
+    def _dag(
+        payloads: list[dict[str, Any]],
+    ) -> Callable[[psycopg.Connection[Any]], tuple[uuid.UUID, list[uuid.UUID]]]:
+        def submit(conn: psycopg.Connection[Any]) -> tuple[uuid.UUID, list[uuid.UUID]]:
+            workflow_id = uuid.uuid4()
+
+            def task(k: int, *parents: Any) -> Any:  # a prepared task (pgqueue.prepare)
+                return pgqueue.prepare(
+                    "chaos.step",
+                    payloads[k],
+                    queue=QUEUE,
+                    retry=SURVIVE,
+                    depends_on=parents or None,
+                    workflow_id=workflow_id,
+                )
+
+            a = task(0)
+            b, c = task(1, a), task(2, a)
+            d = task(3, b, c)
+            e = task(4, d, a)
+            results = pgqueue.enqueue_many(conn, [a, b, c, d, e])
+            return workflow_id, [r.task.id for r in results]
+
+        return submit
+
+
+def plan_workflows(scenario: str, n: int, rng: random.Random) -> list[PlannedFlow]:
+    """At least ``n`` tasks in workflows, in submission order: at least one of each kind,
+    the rest chains, groups, chords and DAGs drawn at random, and ~1 % of the tasks poison
+    (a doomed workflow each), spread over the stream."""
+    planner = FlowPlanner(scenario, rng)
+    doomed = max(2, round(n / 100))
+    flows = [planner.flow(k) for k in ("chain", "group", "chord", "dag")]
+    total = sum(f.tasks for f in flows) + 6 * doomed
+    while total < n:
+        flow = planner.flow(rng.choices(("chain", "group", "chord", "dag"), (3, 1, 1, 2))[0])
+        flows.append(flow)
+        total += flow.tasks
+    rng.shuffle(flows)
+    for _ in range(doomed):
+        flows.insert(rng.randint(0, len(flows)), planner.flow("doomed"))
+    return flows
+
+
+class WorkflowProducer(threading.Thread):
+    """Submits the planned workflows at ``rate`` tasks per second, each in one transaction
+    that first inserts its key into ``chaos.workflows``; a submit cut off by a fault is
+    retried, and a retry whose key insert finds the key there (it waits for an earlier
+    commit still in flight) knows the earlier one is stored: "accepted" is exact."""
+
+    def __init__(self, url: str, scenario: str, flows: list[PlannedFlow], rate: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.scenario, self.flows, self.rate = url, scenario, flows, rate
+        self.accepted: dict[str, tuple[str, uuid.UUID, list[uuid.UUID]]] = {}
+        self.retries = 0
+        self.failed: list[str] = []
+
+    def task_ids(self) -> list[uuid.UUID]:
+        return [t for _, _, ids in self.accepted.values() for t in ids]
+
+    def _submit(
+        self, conn: psycopg.Connection[Any], key: str, flow: PlannedFlow
+    ) -> tuple[uuid.UUID, list[uuid.UUID]]:
+        with conn.transaction():
+            fresh = conn.execute(
+                "INSERT INTO chaos.workflows (key, kind) VALUES (%s, %s)"
+                " ON CONFLICT (key) DO NOTHING RETURNING key",
+                (key, flow.kind),
+            ).fetchone()
+            if fresh is None:
+                row = conn.execute(
+                    "SELECT workflow_id, task_ids FROM chaos.workflows WHERE key = %s", (key,)
+                ).fetchone()
+                assert row is not None
+                return row[0], list(row[1])
+            workflow_id, ids = flow.submit(conn)
+            conn.execute(
+                "UPDATE chaos.workflows SET workflow_id = %s, task_ids = %s WHERE key = %s",
+                (workflow_id, ids, key),
+            )
+            return workflow_id, ids
+
+    def run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        t0 = time.monotonic()
+        before = 0  # tasks planned before this workflow: it is due at before / rate
+        for i, flow in enumerate(self.flows):
+            delay = t0 + before / self.rate - time.monotonic()
+            before += flow.tasks
+            if delay > 0:
+                time.sleep(delay)
+            key = f"chaos:{self.scenario}:{i}"
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect(self.url)
+                    workflow_id, ids = self._submit(conn, key, flow)
+                    self.accepted[key] = (flow.kind, workflow_id, ids)
+                    break
+                except (psycopg.Error, pgqueue.DatabaseUnavailable):
+                    self.retries += 1
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if time.monotonic() > deadline:
+                        self.failed.append(key)
+                        break
+                    time.sleep(0.1)
+        if conn is not None:
+            conn.close()
+
+
+def workflow_faults(settings: Settings) -> list[str]:
+    """The workflow scenario's faults: SIGKILLs and terminated backends, ``repeats`` of each,
+    and one server restart (``-m immediate``: a crash, then crash recovery)."""
+    return ["kill9"] * settings.repeats + ["terminate"] * settings.repeats + ["restart_immediate"]
+
+
 def inject(
     scenario: str,
     settings: Settings,
@@ -646,23 +895,26 @@ def inject(
     rng: random.Random,
 ) -> list[Fault]:
     """The scenario's faults from the driver's side, at seeded moments inside the producer's
-    window (the handler faults inject themselves and are read back from the database)."""
+    window (the handler faults inject themselves and are read back from the database). The
+    workflow scenario mixes the kinds of workflow_faults() in a seeded order."""
     faults: list[Fault] = []
     resumes: list[threading.Timer] = []
-    count = settings.repeats
     if scenario in ("hang", "suicide"):
         return faults
+    kinds = workflow_faults(settings) if scenario == "workflow" else [scenario] * settings.repeats
     t0 = time.monotonic()
-    moments = sorted(rng.uniform(0.2, 0.8) * window for _ in range(count))
-    for moment in moments:
+    moments = sorted(rng.uniform(0.2, 0.8) * window for _ in kinds)
+    if scenario == "workflow":
+        rng.shuffle(kinds)
+    for moment, kind in zip(moments, kinds, strict=True):
         wait = t0 + moment - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         at = time.time()
-        if scenario == "kill9":
+        if kind == "kill9":
             pid = fleet.signal_one(rng, signal.SIGKILL)
             faults.append(Fault("SIGKILL", at, f"pid {pid}"))
-        elif scenario == "terminate":
+        elif kind == "terminate":
             killed = retrying(
                 url,
                 lambda c: scalar(
@@ -674,11 +926,11 @@ def inject(
                 ),
             )
             faults.append(Fault("pg_terminate_backend", at, f"{killed} connections"))
-        elif scenario in ("restart_fast", "restart_immediate"):
-            mode = scenario.split("_", 1)[1]
+        elif kind in ("restart_fast", "restart_immediate"):
+            mode = kind.split("_", 1)[1]
             down = server.restart(mode)
             faults.append(Fault(f"restart -m {mode}", at, f"down {down:.2f} s"))
-        elif scenario == "sigstop":
+        elif kind == "sigstop":
             with fleet.lock:  # under the lock: two stops never pick the same process
                 if len(fleet.alive()) < 2:
                     continue  # never stop the last running worker: the run would stall
@@ -695,8 +947,9 @@ def inject(
     return faults
 
 
-def wait_finished(url: str, prefix: str, timeout: float) -> bool:
-    """Until none of the scenario's tasks is queued or running (or the timeout passes)."""
+def wait_finished(url: str, prefix: str, ids: list[uuid.UUID], timeout: float) -> bool:
+    """Until none of the scenario's tasks (its keys' or its accepted ``ids``, the workflow
+    scenario's) is waiting, queued or running (or the timeout passes)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         left = retrying(
@@ -704,8 +957,9 @@ def wait_finished(url: str, prefix: str, timeout: float) -> bool:
             lambda c: scalar(
                 c,
                 "SELECT count(*) FROM pgqueue.tasks WHERE queue = %s"
-                " AND idempotency_key LIKE %s AND status IN ('queued', 'running')",
-                (QUEUE, prefix + "%"),
+                " AND (idempotency_key LIKE %s OR id = ANY(%s))"
+                " AND status IN ('waiting', 'queued', 'running')",
+                (QUEUE, prefix + "%", ids),
             ),
         )
         if left == 0:
@@ -714,26 +968,122 @@ def wait_finished(url: str, prefix: str, timeout: float) -> bool:
     return False
 
 
+def check_dependants(
+    tasks: Mapping[uuid.UUID, Mapping[str, Any]],
+    edges: Iterable[tuple[uuid.UUID, uuid.UUID, int, bool]],
+    runs: Mapping[uuid.UUID, Sequence[tuple[float, Any]]],
+) -> dict[str, Any]:
+    """The workflow rules (issue 16), checked for every dependant (a task with parents).
+
+    ``tasks``: id -> ``type``, ``status``, ``finished_at`` (epoch seconds or None),
+    ``cancelled_by``, ``last_error``, ``result`` and ``collect`` (a chord callback's member
+    count, else None); ``edges``: (child, parent, position, run_anyway); ``runs``: id -> each
+    execution's (start in epoch seconds, what it received from its parents or None).
+
+    Violations, each a list of dependants: ``started_early``, its first execution began
+    before a parent was final (before its ``finished_at``, whatever its outcome);
+    ``stalled``, still waiting though every parent is final; ``cancel_rule``, a parent was
+    dead-lettered or cancelled and the dependant is not cancelled with ``cancelled_by`` that
+    parent and a reason naming it, or ran; a run-anyway one that did not complete; or one
+    cancelled by a parent though none failed; ``results_wrong``, an execution of a receiving
+    type that did not get its parents' results in depends_on order (None for a parent that
+    did not complete), or a chord callback whose members' indexes are not 0, 1, ... in order.
+    Also ``cancelled_by_parent`` (the dependants rightly cancelled: not lost),
+    ``ran_anyway`` and ``releases`` (seconds from the last parent's finish to the first
+    start)."""
+    parents_of: dict[uuid.UUID, list[tuple[int, uuid.UUID, bool]]] = {}
+    for child, parent, position, run_anyway in edges:
+        parents_of.setdefault(child, []).append((position, parent, run_anyway))
+    out: dict[str, Any] = {
+        k: [] for k in ("started_early", "stalled", "cancel_rule", "results_wrong")
+    }
+    cancelled_ok: set[uuid.UUID] = set()
+    ran_anyway = 0
+    releases: list[float] = []
+    for child, rows in parents_of.items():
+        d = tasks.get(child)
+        if d is None:
+            continue  # lost: counted as such
+        rows.sort()
+        parents = [tasks.get(p) for _, p, _ in rows]
+        run_anyway = any(r for _, _, r in rows)
+        all_final = all(p is not None and p["status"] in FINAL for p in parents)
+        bad = {
+            pid
+            for (_, pid, _), p in zip(rows, parents, strict=True)
+            if p is not None and p["status"] in ("failed", "cancelled")
+        }
+        executions = runs.get(child, ())
+        done_at = [p["finished_at"] for p in parents if p is not None]
+        last_parent = max(done_at) if all_final and None not in done_at else None
+        if executions:
+            first = min(at for at, _ in executions)
+            if last_parent is None or first < last_parent:
+                out["started_early"].append(child)
+            else:
+                releases.append(first - last_parent)
+        if d["status"] == "waiting" and all_final:
+            out["stalled"].append(child)
+        if bad and not run_anyway:
+            if d["status"] == "cancelled":
+                cancelled_ok.add(child)
+            if not (
+                d["status"] == "cancelled"
+                and d["cancelled_by"] in bad
+                and str(d["cancelled_by"]) in (d["last_error"] or "")
+                and not executions
+            ):
+                out["cancel_rule"].append(child)
+        elif bad:  # run anyway: must have run once its parents were final, and completed
+            if d["status"] == "completed" and d["cancelled_by"] is None:
+                ran_anyway += 1
+            elif d["status"] in FINAL:
+                out["cancel_rule"].append(child)
+        elif d["cancelled_by"] is not None:
+            out["cancel_rule"].append(child)
+        if d["type"] in RECEIVING_TYPES:
+            expected = [p["result"] if p and p["status"] == "completed" else None for p in parents]
+            got = [received for _, received in executions]
+            wrong = any(r != expected for r in got)
+            if d["collect"] is not None and got:
+                wrong = wrong or any(
+                    [x.get("i") if isinstance(x, dict) else None for x in r]
+                    != list(range(d["collect"]))
+                    for r in got
+                )
+            if wrong:
+                out["results_wrong"].append(child)
+    out["dependants"] = len(parents_of)
+    out["cancelled_by_parent"] = cancelled_ok
+    out["ran_anyway"] = ran_anyway
+    out["releases"] = releases
+    return out
+
+
 def verify(
     url: str,
     scenario: str,
-    producer: Producer,
+    producer: Producer | WorkflowProducer,
     faults: list[Fault],
     settings: Settings,
 ) -> dict[str, Any]:
     """Account for every accepted task of the scenario, from the database."""
-    ids = list(producer.accepted.values())
+    ids = producer.task_ids()
 
-    def fetch(conn: psycopg.Connection[Any]) -> tuple[list[Any], list[Any], dict[Any, Any]]:
+    def fetch(
+        conn: psycopg.Connection[Any],
+    ) -> tuple[list[Any], list[Any], dict[Any, Any], list[Any]]:
         tasks = conn.execute(
             "SELECT id, type, status, attempts, payload->>'mode',"
             " status = 'running' AND lease_expires_at < now(),"
-            " extract(epoch FROM created_at), extract(epoch FROM finished_at)"
+            " extract(epoch FROM created_at), extract(epoch FROM finished_at),"
+            " cancelled_by, last_error, result, (payload->>'collect')::integer"
             " FROM pgqueue.tasks WHERE id = ANY(%s)",
             (ids,),
         ).fetchall()
         runs = conn.execute(
-            "SELECT task_id, lease_token, attempt, extract(epoch FROM started_at), pid"
+            "SELECT task_id, lease_token, attempt, extract(epoch FROM started_at), pid,"
+            " received"
             # By attempt: a worker stopped between its claim and its handler's first write
             # records attempt 1 after another worker recorded attempt 2.
             " FROM chaos.executions WHERE task_id = ANY(%s) ORDER BY attempt, started_at",
@@ -746,16 +1096,41 @@ def verify(
                 (ids,),
             ).fetchall()
         )
-        return tasks, runs, effects
+        edges = conn.execute(
+            "SELECT child_id, parent_id, position, run_anyway FROM pgqueue.task_dependencies"
+            " WHERE child_id = ANY(%s)",
+            (ids,),
+        ).fetchall()
+        return tasks, runs, effects, edges
 
-    tasks, runs, effects = retrying(url, fetch)
+    tasks, runs, effects, edges = retrying(url, fetch)
     by_id = {row[0]: row for row in tasks}
     runs_of: dict[uuid.UUID, list[Any]] = {}
     for run in runs:
         runs_of.setdefault(run[0], []).append(run)
+    deps = check_dependants(
+        {
+            r[0]: {
+                "type": r[1],
+                "status": r[2],
+                "finished_at": None if r[7] is None else float(r[7]),
+                "cancelled_by": r[8],
+                "last_error": r[9],
+                "result": r[10],
+                "collect": r[11],
+            }
+            for r in tasks
+        },
+        edges,
+        {tid: [(float(x[3]), x[5]) for x in rs] for tid, rs in runs_of.items()},
+    )
+    dependants = {e[0] for e in edges}
 
-    lost = len(ids) - len(by_id) + sum(1 for r in tasks if r[2] == "cancelled")
-    unfinished = sum(1 for r in tasks if r[2] in ("queued", "running") and not r[5])
+    # A task cancelled because a parent failed is accounted for (the rule is checked above);
+    # any other cancelled task is lost.
+    lost = len(ids) - len(by_id)
+    lost += sum(1 for r in tasks if r[2] == "cancelled" and r[0] not in deps["cancelled_by_parent"])
+    unfinished = sum(1 for r in tasks if r[2] in ("waiting", "queued", "running") and not r[5])
     stuck = sum(1 for r in tasks if r[5])
     completed = sum(1 for r in tasks if r[2] == "completed")
     dead = [r for r in tasks if r[2] == "failed"]
@@ -779,9 +1154,12 @@ def verify(
     )
     tx_done = [r for r in tasks if r[4] == "tx" and r[2] == "completed"]
     effects_bad = sum(1 for r in tx_done if effects.get(r[0], 0) != 1)
-    # Pickup: from the task's creation to the start of its first execution (database clock).
+    # Pickup: from the task's creation to the start of its first execution (database clock);
+    # a dependant's wait for its parents is its release delay instead.
     pickups = [
-        min(float(x[3]) for x in runs_of[r[0]]) - float(r[6]) for r in tasks if r[0] in runs_of
+        min(float(x[3]) for x in runs_of[r[0]]) - float(r[6])
+        for r in tasks
+        if r[0] in runs_of and r[0] not in dependants
     ]
 
     # Handler faults began when their first attempt started (from the executions table).
@@ -796,7 +1174,7 @@ def verify(
     if all_faults:
         last = max(f.at for f in all_faults)
         before = [
-            r for r in tasks if r[1] == "chaos.work" and float(r[6]) <= last and r[7] is not None
+            r for r in tasks if r[1] in NORMAL_TYPES and float(r[6]) <= last and r[7] is not None
         ]
         if before:
             worst = max(before, key=lambda r: float(r[7]))
@@ -840,6 +1218,25 @@ def verify(
         "pickup_p99_s": rounded(quantile(pickups, 0.99), 3),
         "pickup_max_s": rounded(max(pickups, default=None), 3),
         "_pickups": pickups,
+        # Workflows (issue 16): counted for every scenario, nonzero only where tasks have
+        # parents.
+        "dependants": deps["dependants"],
+        "cancelled_by_parent": len(deps["cancelled_by_parent"]),
+        "ran_anyway": deps["ran_anyway"],
+        "dependant_reruns": sum(1 for tid in multi if tid in dependants),
+        "dep_started_early": len(deps["started_early"]),
+        "dep_stalled": len(deps["stalled"]),
+        "dep_cancel_rule": len(deps["cancel_rule"]),
+        "dep_results_wrong": len(deps["results_wrong"]),
+        "dependant_violations": {  # a few of each, to look at
+            k: [str(t) for t in deps[k][:5]]
+            for k in ("started_early", "stalled", "cancel_rule", "results_wrong")
+            if deps[k]
+        },
+        "release_p50_s": rounded(quantile(deps["releases"], 0.5), 3),
+        "release_p99_s": rounded(quantile(deps["releases"], 0.99), 3),
+        "release_max_s": rounded(max(deps["releases"], default=None), 3),
+        "_releases": deps["releases"],
     }
 
 
@@ -866,6 +1263,11 @@ def failures(row: dict[str, Any]) -> list[str]:
         "re-runs not explained by a failure or a lost lease": row["unexplained"],
         "two executions on one lease": row["double_leases"],
         "transactional effects not exactly once": row["tx_effects_not_once"],
+        "dependants started before a parent was final": row["dep_started_early"],
+        "dependants left waiting though every parent is final": row["dep_stalled"],
+        "dependants of a failed or cancelled parent not cancelled by it (or run-anyway ones"
+        " not completed)": row["dep_cancel_rule"],
+        "dependants that did not receive their parents' results in order": row["dep_results_wrong"],
         "snapshot pressure not held as planned": len(row.get("pressure", {}).get("errors", [])),
     }
     return [f"{name}: {count}" for name, count in checks.items() if count]
@@ -951,14 +1353,25 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
             for k, scenario in enumerate(settings.scenarios):
                 rng = random.Random(f"{settings.seed}:{scenario}")
                 n = per + (settings.tasks - per * len(settings.scenarios) if k == 0 else 0)
-                tasks = plan(scenario, n, settings, rng)
+                producer: Producer | WorkflowProducer
                 rate = settings.rate
-                if scenario in PINNED:  # tasks must keep arriving for the whole pressure
-                    rate = min(rate, len(tasks) / PINNED_MIN_WINDOW)
-                window = len(tasks) / rate
-                log(f"{scenario}: {len(tasks)} tasks over {window:.1f} s")
+                if scenario == "workflow":
+                    flows = plan_workflows(scenario, max(n, WORKFLOW_MIN_TASKS), rng)
+                    planned = sum(f.tasks for f in flows)
+                    # Releases must keep happening for the whole window, faults and all.
+                    rate = min(rate, planned / WORKFLOW_MIN_WINDOW)
+                    producer = WorkflowProducer(url, scenario, flows, rate)
+                    what = f"{planned} tasks in {len(flows)} workflows"
+                else:
+                    tasks = plan(scenario, n, settings, rng)
+                    planned = len(tasks)
+                    if scenario in PINNED:  # tasks must keep arriving for the whole pressure
+                        rate = min(rate, planned / PINNED_MIN_WINDOW)
+                    producer = Producer(url, tasks, rate)
+                    what = f"{planned} tasks"
+                window = planned / rate
+                log(f"{scenario}: {what} over {window:.1f} s")
                 began = time.time()
-                producer = Producer(url, tasks, rate)
                 producer.start()
                 pin = Pin(url, scenario) if scenario in PINNED else None
                 if pin is not None:
@@ -966,9 +1379,14 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                 else:
                     faults = inject(scenario, settings, server, fleet, url, window, rng)
                 producer.join()
-                done = wait_finished(url, f"chaos:{scenario}:", settings.settle_timeout)
+                done = wait_finished(
+                    url, f"chaos:{scenario}:", producer.task_ids(), settings.settle_timeout
+                )
                 ended = time.time()
                 row = verify(url, scenario, producer, faults, settings)
+                if isinstance(producer, WorkflowProducer):
+                    kinds = [kind for kind, _, _ in producer.accepted.values()]
+                    row["workflows"] = {k: kinds.count(k) for k in sorted(set(kinds))}
                 row["finished_in_time"] = done
                 row["seconds"] = round(time.time() - began, 1)
                 row["rate"] = round(rate, 1)
@@ -981,6 +1399,12 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                     f"{row['lost'] + row['unfinished']} lost, {row['stuck']} stuck, "
                     f"{row['extra_executions']} re-runs; oldest snapshot "
                     f"{row['oldest_snapshot_s']} s, pickup p99 {row['pickup_p99_s']} s"
+                    + (
+                        f"; {row['dependants']} dependants, {row['cancelled_by_parent']}"
+                        f" cancelled by a parent, release p99 {row['release_p99_s']} s"
+                        if row["dependants"]
+                        else ""
+                    )
                 )
         finally:
             sampler.stop()
@@ -988,6 +1412,7 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         events = log_events(log_dir)
         deaths = list(fleet.deaths)
     pickups = [x for row in rows for x in row.pop("_pickups")]
+    releases = [x for row in rows for x in row.pop("_releases")]
     for row in rows:
         ids = row.pop("_ids")
         # Distinct attempts: the heartbeat that finds a lease gone and the dropped outcome
@@ -1020,6 +1445,9 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
             default=None,
         ),
         "pickup_p99_s": rounded(quantile(pickups, 0.99), 3),
+        "release_p50_s": rounded(quantile(releases, 0.5), 3),
+        "release_p99_s": rounded(quantile(releases, 0.99), 3),
+        "release_max_s": rounded(max(releases, default=None), 3),
         "unparsed_log_lines": unparsed,
         "passed": not any(row["violations"] for row in rows),
     }
@@ -1031,6 +1459,7 @@ TABLE_HEADERS = (
     "accepted",
     "completed",
     "dead-lettered (poison)",
+    "cancelled by a parent",
     "lost",
     "stuck",
     "ran >1",
@@ -1040,6 +1469,8 @@ TABLE_HEADERS = (
     "recovered (s)",
     "oldest snapshot (s)",
     "pickup p99 (s)",
+    "dependants: started early / stalled / cancel rule / results",
+    "release p50 / p99 / max (s)",
 )
 SUMMED = (
     "fault_count",
@@ -1047,6 +1478,7 @@ SUMMED = (
     "completed",
     "dead_lettered",
     "dead_poison",
+    "cancelled_by_parent",
     "lost",
     "unfinished",
     "stuck",
@@ -1056,6 +1488,11 @@ SUMMED = (
     "unexplained",
     "tx_effects_not_once",
     "late_outcomes_fenced",
+    "dependants",
+    "dep_started_early",
+    "dep_stalled",
+    "dep_cancel_rule",
+    "dep_results_wrong",
 )
 
 
@@ -1070,6 +1507,7 @@ def _cells(row: dict[str, Any]) -> list[Any]:
         row["accepted"],
         row["completed"],
         f"{row['dead_lettered']} ({row['dead_poison']})",
+        row["cancelled_by_parent"],
         row["lost"] + row["unfinished"],
         row["stuck"],
         row["ran_more_than_once"],
@@ -1080,6 +1518,19 @@ def _cells(row: dict[str, Any]) -> list[Any]:
         "" if recovered is None else f"{recovered:.1f}",
         _seconds(row.get("oldest_snapshot_s")),
         _seconds(row.get("pickup_p99_s"), 2),
+        (
+            f"{row['dep_started_early']} / {row['dep_stalled']} / {row['dep_cancel_rule']} / "
+            f"{row['dep_results_wrong']}"
+            if row["dependants"]
+            else ""
+        ),
+        (
+            " / ".join(
+                _seconds(row.get(k), 2) for k in ("release_p50_s", "release_p99_s", "release_max_s")
+            )
+            if row.get("release_p50_s") is not None
+            else ""
+        ),
     ]
 
 
@@ -1093,6 +1544,8 @@ def table(result: dict[str, Any]) -> str:
     total["double_leases"] = sum(row["double_leases"] for row in rows)
     total["oldest_snapshot_s"] = result.get("oldest_snapshot_s")
     total["pickup_p99_s"] = result.get("pickup_p99_s")
+    for key in ("release_p50_s", "release_p99_s", "release_max_s"):
+        total[key] = result.get(key)
     lines.append("| **all** | " + " | ".join(str(c) for c in _cells(total)) + " |")
     return "\n".join(lines)
 
