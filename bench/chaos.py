@@ -1551,12 +1551,19 @@ def table(result: dict[str, Any]) -> str:
 
 
 def command_line(settings: Settings) -> str:
+    """The command that repeats this run (the scenarios and repeats only when not all and not
+    the default)."""
+    extra = ""
+    if settings.scenarios != SCENARIOS:
+        extra += f" --scenarios {','.join(settings.scenarios)}"
+    if settings.repeats != (1 if settings.smoke else 3):
+        extra += f" --repeats {settings.repeats}"
     if settings.smoke:
-        return f"python -m bench.chaos --smoke --seed {settings.seed}"
+        return f"python -m bench.chaos --smoke --seed {settings.seed}{extra}"
     return (
         f"python -m bench.chaos --tasks {settings.tasks} --seed {settings.seed}"
         f" --workers {settings.workers} --concurrency {settings.concurrency}"
-        f" --lease {settings.lease:g} --rate {settings.rate:g}"
+        f" --lease {settings.lease:g} --rate {settings.rate:g}{extra}"
     )
 
 
