@@ -37,3 +37,14 @@ def wf_collect(parts: list[dict[str, Any]], label: str, ctx: TaskContext) -> dic
 def wf_slow(n: int, ctx: TaskContext) -> dict[str, Any]:
     time.sleep(1.0)  # long enough to be killed in the middle of one
     return {"n": n, "pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@tasks.task(name="wf_nap")
+def wf_nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@tasks.task(name="wf_after")
+def wf_after(slept: float) -> str:
+    return f"after {slept} s"

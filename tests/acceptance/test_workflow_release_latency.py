@@ -1,0 +1,87 @@
+"""A released dependant is claimed as soon as its parent's commit wakes the worker (issue 16),
+not at the worker's next full walk of the claim index.
+
+The release NOTIFYs the queue, but the woken claim walks the index from where this worker's
+last claim ended (pgqueue/worker/claim_starts.py, issue 19): a dependant keeps the
+``created_at`` of its workflow's enqueue, so once the worker has claimed a task created later
+(any other traffic on the queue) and the dependant is older than the walk's margin (1 s), the
+woken claim steps past it. It then waits for the next full walk: up to the poll interval, or
+20 times a full walk's cost (seconds while an old snapshot is held). Found by bench.chaos's
+workflow scenario (release delay p50 0.65 s with --poll-interval 0.5); xfail until fixed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from test_worker_processes import Workers, wait_until
+from workflow_handlers import wf_add, wf_after, wf_nap
+
+import pgqueue
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+REGISTRY = "workflow_handlers:tasks"
+POLL = 20.0  # seconds: no full walk of the claim index while the test runs
+NAP = 2.5  # the parent's run: its dependant is then older than the walk's 1 s margin
+
+
+def listening(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN pgqueue'"
+        " AND datname = current_database()"
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
+@pytest.mark.parametrize(
+    "newer_traffic",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                reason="the woken claim starts past the released dependant (claim_starts)",
+                strict=True,
+            ),
+        ),
+    ],
+    ids=["quiet_queue", "newer_task_claimed_meanwhile"],
+)
+def test_a_released_dependant_starts_when_its_parent_commits(
+    database_url: str, conn: psycopg.Connection[Any], workers: Workers, newer_traffic: bool
+):
+    w = workers.start(
+        database_url,
+        *("--poll-interval", str(POLL), "--sweep-interval", "0.5", "--concurrency", "4"),
+        registry=REGISTRY,
+    )
+    wait_until(lambda: listening(conn), timeout=60, what="the worker to listen", alive=[w])
+    handle = pgqueue.chain(wf_nap.s(NAP), wf_after.s()).enqueue(conn)
+    parent_id, child_id = (t.id for t in handle.tasks)
+    wait_until(
+        lambda: pgqueue.get_task(conn, parent_id).status is pgqueue.TaskStatus.RUNNING,
+        timeout=30,
+        what="the parent to run",
+        alive=[w],
+    )
+    if newer_traffic:
+        wf_add.enqueue(conn, 1, 2)  # claimed at once by the same worker (a free slot)
+    wait_until(
+        lambda: pgqueue.get_task(conn, parent_id).status is pgqueue.TaskStatus.COMPLETED,
+        timeout=30,
+        what="the parent to complete",
+        alive=[w],
+    )
+    deadline = time.monotonic() + 3.0  # well before the next poll
+    while time.monotonic() < deadline:
+        if pgqueue.get_task(conn, child_id).started_at is not None:
+            break
+        time.sleep(0.05)
+    parent, child = pgqueue.get_task(conn, parent_id), pgqueue.get_task(conn, child_id)
+    assert parent.finished_at is not None
+    assert child.started_at is not None, f"not claimed 3 s after its release ({child.status})"
+    delay = (child.started_at - parent.finished_at).total_seconds()
+    assert delay < 1.0, f"released at the parent's commit, claimed {delay:.2f} s later"
