@@ -79,7 +79,10 @@ members' 0, 1, ... in order). A dependant run twice by a double release is an ex
 failure or lost lease explains: counted with the re-runs. A dependant rightly cancelled is
 not lost (its own column). Reported, not checked: the release delay, a dependant's first
 start less its last parent's ``finished_at`` (p50, p99, max; the pickup latency is then of
-the tasks without parents only).
+the tasks without parents only), with the evidence behind its max (``slowest_release``), and
+how much of it was the release itself: from that ``finished_at`` to when the dependant became
+ready (``ready_since`` or ``visible_after``), 0 when it was released in the transaction that
+finished its last parent (``release_lag_max_s``, ``released_late``); the rest is the claim's.
 
 Reported with each scenario, not checked: the oldest snapshot seen while it ran (sampled every
 second from pg_stat_activity of the chaos database: the oldest ``backend_xmin`` or
@@ -989,8 +992,11 @@ def check_dependants(
     type that did not get its parents' results in depends_on order (None for a parent that
     did not complete), or a chord callback whose members' indexes are not 0, 1, ... in order.
     Also ``cancelled_by_parent`` (the dependants rightly cancelled: not lost),
-    ``ran_anyway`` and ``releases`` (seconds from the last parent's finish to the first
-    start)."""
+    ``ran_anyway``, ``releases`` (seconds from the last parent's finish to the first start)
+    ``slowest_release`` (the longest: seconds, the dependant, its last parent's finish) and
+    ``release_lags`` (from the last parent's finish to when the dependant became ready, its
+    ``ready_since`` or ``visible_after``: 0 when the release is in the finishing transaction;
+    the rest of the release delay is the claim's)."""
     parents_of: dict[uuid.UUID, list[tuple[int, uuid.UUID, bool]]] = {}
     for child, parent, position, run_anyway in edges:
         parents_of.setdefault(child, []).append((position, parent, run_anyway))
@@ -1000,6 +1006,8 @@ def check_dependants(
     cancelled_ok: set[uuid.UUID] = set()
     ran_anyway = 0
     releases: list[float] = []
+    release_lags: list[float] = []
+    slowest: tuple[float, uuid.UUID | None, float] = (0.0, None, 0.0)  # delay, child, release
     for child, rows in parents_of.items():
         d = tasks.get(child)
         if d is None:
@@ -1022,6 +1030,11 @@ def check_dependants(
                 out["started_early"].append(child)
             else:
                 releases.append(first - last_parent)
+                if first - last_parent >= slowest[0]:
+                    slowest = (first - last_parent, child, last_parent)
+            if last_parent is not None and d.get("ready_at") is not None:
+                # Released in the transaction that finished its last parent: both now().
+                release_lags.append(d["ready_at"] - last_parent)
         if d["status"] == "waiting" and all_final:
             out["stalled"].append(child)
         if bad and not run_anyway:
@@ -1057,6 +1070,8 @@ def check_dependants(
     out["cancelled_by_parent"] = cancelled_ok
     out["ran_anyway"] = ran_anyway
     out["releases"] = releases
+    out["slowest_release"] = slowest
+    out["release_lags"] = release_lags
     return out
 
 
@@ -1077,7 +1092,9 @@ def verify(
             "SELECT id, type, status, attempts, payload->>'mode',"
             " status = 'running' AND lease_expires_at < now(),"
             " extract(epoch FROM created_at), extract(epoch FROM finished_at),"
-            " cancelled_by, last_error, result, (payload->>'collect')::integer"
+            " cancelled_by, last_error, result, (payload->>'collect')::integer,"
+            # When it first became ready: a dependant's release (kept through retries).
+            " extract(epoch FROM coalesce(ready_since, visible_after))"
             " FROM pgqueue.tasks WHERE id = ANY(%s)",
             (ids,),
         ).fetchall()
@@ -1118,6 +1135,7 @@ def verify(
                 "last_error": r[9],
                 "result": r[10],
                 "collect": r[11],
+                "ready_at": float(r[12]),
             }
             for r in tasks
         },
@@ -1236,7 +1254,41 @@ def verify(
         "release_p50_s": rounded(quantile(deps["releases"], 0.5), 3),
         "release_p99_s": rounded(quantile(deps["releases"], 0.99), 3),
         "release_max_s": rounded(max(deps["releases"], default=None), 3),
+        # Of which the release itself (0: in the transaction that finished the last parent);
+        # the rest is the claim's.
+        "release_lag_max_s": rounded(max(deps["release_lags"], default=None), 3),
+        "released_late": sum(1 for x in deps["release_lags"] if x > 0.001),
         "_releases": deps["releases"],
+        "slowest_release": slowest_release(deps["slowest_release"], by_id, runs_of, all_faults),
+    }
+
+
+def slowest_release(
+    slowest: tuple[float, uuid.UUID | None, float],
+    by_id: Mapping[uuid.UUID, Any],
+    runs_of: Mapping[uuid.UUID, list[Any]],
+    faults: list[Fault],
+) -> dict[str, Any] | None:
+    """The evidence behind the release delay's max: the dependant, the faults injected from
+    a second before its release to its first start, and its executions, in seconds from its
+    release (the last parent's finished_at)."""
+    delay, child, released = slowest
+    if child is None:
+        return None
+    return {
+        "task_id": str(child),
+        "type": by_id[child][1],
+        "release_delay_s": round(delay, 3),
+        "ready_s": round(float(by_id[child][12]) - released, 3),  # 0: released with its parent
+        "faults": [
+            {"kind": f.kind, "detail": f.detail, "at_s": round(f.at - released, 3)}
+            for f in faults
+            if released - 1.0 <= f.at <= released + delay
+        ],
+        "runs": [
+            {"attempt": x[2], "pid": x[4], "started_s": round(float(x[3]) - released, 3)}
+            for x in runs_of.get(child, [])
+        ],
     }
 
 

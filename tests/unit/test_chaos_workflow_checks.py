@@ -29,7 +29,7 @@ def task(status: str, finished_at: float | None = None, **fields: Any) -> dict[s
 
 
 def test_a_chain_step_that_started_after_its_parent_finished_is_fine_and_its_delay_reported():
-    tasks = {A: task("completed", 10.0), B: task("completed", 12.0)}
+    tasks = {A: task("completed", 10.0), B: task("completed", 12.0, ready_at=10.0)}
     out = check_dependants(tasks, [(B, A, 0, False)], {B: [(10.5, [tasks[A]["result"]])]})
     assert [out[k] for k in ("started_early", "stalled", "cancel_rule", "results_wrong")] == [
         [],
@@ -37,7 +37,7 @@ def test_a_chain_step_that_started_after_its_parent_finished_is_fine_and_its_del
         [],
         [],
     ]
-    assert out["dependants"] == 1 and out["releases"] == [0.5]
+    assert out["dependants"] == 1 and out["releases"] == [0.5] and out["release_lags"] == [0.0]
 
 
 def test_a_dependant_that_started_before_a_parent_finished_is_counted():
