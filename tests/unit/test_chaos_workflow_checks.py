@@ -13,7 +13,7 @@ A, B, C, D = (uuid.UUID(int=n) for n in range(1, 5))
 
 
 def task(status: str, finished_at: float | None = None, **fields: Any) -> dict[str, Any]:
-    row = {
+    row: dict[str, Any] = {
         "type": "chaos.step",
         "status": status,
         "finished_at": finished_at,
