@@ -1325,7 +1325,7 @@ def task_replay(
     rows = yield Query("task_replay", {**_dead_letter_filter(ids, type, queue, limit), "now": now})
     queues = sorted({r["queue"] for r in rows})
     if queues:
-        yield Query("queue_notify", {"queues": queues})
+        yield Query("queue_notify_released", {"queues": queues})
     return [r["id"] for r in rows]
 
 
@@ -1608,6 +1608,9 @@ def task_failures(limit: int) -> Op[list[Failure]]:
 # the caller's connection (the API's waiter hub drives the same loop on its own way).
 
 DONE_CHANNEL = "pgqueue_done"
+# Tasks became ready that are older than where a worker's claims got to (a released dependant,
+# a replayed dead letter): the payload is the queue; see worker/claim_starts.py.
+RELEASED_CHANNEL = "pgqueue_released"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,6 +145,13 @@ SELECT id, status, parents_pending, cancelled_by, last_error, finished_at
 -- Wake idle workers of these queues (once per queue, after a bulk insert).
 SELECT pg_notify('pgqueue', q) FROM unnest(%(queues)s::text[]) AS q;
 
+-- name: queue_notify_released
+-- Wake the workers of these queues for tasks older than where their claims got to (replayed
+-- dead letters): pgqueue_released first, so that a worker walks the queue's claim index from
+-- its start (worker/claim_starts.py), then the wake-up every worker listens for.
+SELECT pg_notify('pgqueue_released', q), pg_notify('pgqueue', q)
+  FROM unnest(%(queues)s::text[]) AS q;
+
 -- name: task_get
 SELECT * FROM pgqueue.tasks WHERE id = %(id)s;
 

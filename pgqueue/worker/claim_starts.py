@@ -13,7 +13,9 @@ that began earlier may commit later. A task created in the last ``MARGIN`` may s
 its way, so a walk never starts later than the database's clock at the last claim less the
 margin. Tasks older than that are either claimed, or became claimable since in a way that no
 start can see: a retry or a scheduled task come due, a promoted one, one committed by a
-transaction open for longer than the margin, one another claimer skipped.
+transaction open for longer than the margin, one another claimer skipped. (A dependant
+released by its last parent, or a replayed dead letter, is announced on ``pgqueue_released``:
+the worker forgets that queue's starts, and its next walk there starts at the beginning.)
 
 So every so often a claim walks from the start: at most every ``rescan_seconds`` (the poll
 interval: a scheduled task is found as soon as an idle worker's poll would find it), and no
@@ -69,6 +71,13 @@ class ClaimStarts:
         since = timedelta(seconds=self._clock() - self._db_now_at)
         horizon = (self._db_now + since - MARGIN, _FIRST)
         return {level: min(newest, horizon) for level, newest in self._newest.items()}
+
+    def forget(self, queue: str) -> None:
+        """The next walk of ``queue`` starts at the beginning of its range (every priority):
+        a task older than where this worker's claims got to became ready there (a released
+        dependant, a replayed dead letter; issue 16). The other queues keep their starts."""
+        for level in [level for level in self._newest if level[0] == queue]:
+            del self._newest[level]
 
     def claimed(
         self, tasks: Iterable[ClaimedTask], *, starts: Starts | None, seconds: float

@@ -1,6 +1,8 @@
 """LISTEN wake-ups: an enqueue's NOTIFY wakes the claimer at once instead of at its next poll,
 and a cancel's NOTIFY (``pgqueue_cancel``) stops the handler of a task this worker runs at once
-instead of at its next heartbeat (issue 15; see worker/cancels.py).
+instead of at its next heartbeat (issue 15; see worker/cancels.py), and a release's NOTIFY
+(``pgqueue_released``: a dependant or a replayed dead letter, older than where this worker's
+claims got to) makes the next claim of that queue walk its index from the start (issue 16).
 
 A connection of its own, outside the pool: it sits in LISTEN for the worker's whole life. It is
 re-established after any disconnect, and every (re)connection wakes the claimer, since the
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import psycopg
 
 from pgqueue.log import event
+from pgqueue.queries import RELEASED_CHANNEL
 from pgqueue.worker.cancels import CANCEL_CHANNEL
 from pgqueue.worker.config import WorkerConfig
 
@@ -32,6 +35,7 @@ class Listener:
         wake: asyncio.Event,
         on_cancel: Callable[[str], object] | None = None,
         on_connect: Callable[[], object] | None = None,
+        on_released: Callable[[str], object] | None = None,
     ) -> None:
         self.database_url = database_url
         self._config = config
@@ -39,6 +43,7 @@ class Listener:
         self._wake = wake
         self._on_cancel = on_cancel
         self._on_connect = on_connect
+        self._on_released = on_released
 
     async def run(self) -> None:
         delay = 0.2
@@ -50,6 +55,8 @@ class Listener:
                 async with conn:
                     if self._on_cancel is not None:
                         await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                    if self._on_released is not None:
+                        await conn.execute(f"LISTEN {RELEASED_CHANNEL}")
                     # Last, so that pg_stat_activity shows a listening worker as it always
                     # has: query 'LISTEN pgqueue' (what operators and the tests look for).
                     await conn.execute("LISTEN pgqueue")
@@ -62,6 +69,10 @@ class Listener:
                         if note.channel == CANCEL_CHANNEL:
                             if self._on_cancel is not None:
                                 self._on_cancel(note.payload)
+                        elif note.channel == RELEASED_CHANNEL:
+                            # Followed by the wake-up on 'pgqueue' from the same commit.
+                            if self._on_released is not None and note.payload in self._queues:
+                                self._on_released(note.payload)
                         elif note.payload in self._queues or note.payload == "*":
                             self._wake.set()
             except psycopg.Error as exc:

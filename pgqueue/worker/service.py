@@ -95,6 +95,7 @@ class Worker:
             wake=slots.wake,
             on_cancel=self._cancels.notified,
             on_connect=self._heartbeat.soon,
+            on_released=self._claimer.starts.forget,
         )
         self._scheduler = Scheduler(registry, db=self._db)
 

@@ -535,8 +535,11 @@ AS $function$
                  WHERE t.id = c.child_id
                 RETURNING t.id, t.queue, t.status, c.waiting
             ),
+            -- pgqueue_released first: a worker then walks the queue's claim index from
+            -- its start (a released task is older than where its last walk ended).
             woke AS (
-                SELECT count(pg_notify('pgqueue', q.queue)) AS k
+                SELECT count(pg_notify('pgqueue_released', q.queue))
+                       + count(pg_notify('pgqueue', q.queue)) AS k
                   FROM (SELECT DISTINCT queue FROM moved
                          WHERE waiting AND status = 'queued') AS q
             )

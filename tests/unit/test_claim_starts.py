@@ -113,3 +113,18 @@ def test_claims_from_the_starts_do_not_reset_the_full_walk_timer() -> None:
         starts.claimed([task("q", Priority.NORMAL, T0, T0)], starts=given, seconds=0.001)
     clock.now += 0.11
     assert starts.next() is None
+
+
+def test_a_release_in_a_queue_makes_its_next_walk_start_at_the_beginning() -> None:
+    """A dependant released by its last parent (or a replayed dead letter) is older than where
+    the claims got to: the worker forgets that queue's starts, and only that queue's."""
+    starts, clock = starts_with_clock()
+    now = T0 + timedelta(minutes=10)
+    mail = [task("mail", p, T0, now) for p in (Priority.HIGH, Priority.NORMAL)]
+    jobs = task("jobs", Priority.NORMAL, T0, now)
+    starts.claimed([*mail, jobs], starts=None, seconds=0.001)
+    clock.now += 0.1
+    starts.forget("mail")
+    assert starts.next() == {("jobs", Priority.NORMAL): (T0, jobs.id)}
+    starts.forget("unknown")  # a queue never claimed from: nothing to forget
+    assert starts.next() == {("jobs", Priority.NORMAL): (T0, jobs.id)}
