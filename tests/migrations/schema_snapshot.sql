@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0013_dependants_flag
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0014_waiting_index
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -166,6 +166,7 @@ CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHE
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
+CREATE INDEX tasks_waiting_idx ON pgqueue.tasks USING btree (queue, priority) WHERE (status = 'waiting'::text);
 CREATE INDEX tasks_workflow_idx ON pgqueue.tasks USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
 -- pgqueue.backlog reads pgqueue.tasks: priority, queue, ready_since, status, visible_after

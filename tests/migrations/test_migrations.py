@@ -203,6 +203,41 @@ def test_0004_finds_indexes_a_dba_built_concurrently_and_keeps_the_tasks(
     ]
 
 
+def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade_drops_it(
+    empty_database_url: str,
+) -> None:
+    """The docstring's path for a large table (the README gives the same statement): the
+    waiting index built without blocking writes first, then the revision finds it (IF NOT
+    EXISTS); a downgrade keeps the tasks."""
+    migrate.upgrade(empty_database_url, "0013_dependants_flag")
+    execute(
+        empty_database_url,
+        "INSERT INTO pgqueue.tasks (type, payload, queue, status, parents_pending)"
+        " VALUES ('t', '{}', 'callbacks', 'waiting', 1)",
+    )
+    docstring = (REPO / "migrations" / "versions" / "0014_waiting_index.py").read_text()
+    statements = re.findall(r"CREATE INDEX CONCURRENTLY[^;]+;", docstring)
+    assert len(statements) == 1, statements
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert " ".join(statements[0].split()) in readme, "README's Schema migrations lacks it"
+    execute(empty_database_url, statements[0])
+
+    migrate.upgrade(empty_database_url)
+
+    assert_matches_snapshot(empty_database_url)
+    assert rows(
+        empty_database_url,
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'pgqueue.tasks_waiting_idx'::regclass",
+    ) == [(True,)]
+
+    migrate.downgrade(empty_database_url, "0013_dependants_flag")
+
+    assert regclass(empty_database_url, "pgqueue.tasks_waiting_idx") is None
+    assert rows(empty_database_url, "SELECT queue, status FROM pgqueue.tasks") == [
+        ("callbacks", "waiting")
+    ]
+
+
 # --- idempotence and the version table ---------------------------------------------------------
 
 
