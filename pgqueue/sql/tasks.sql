@@ -1040,20 +1040,22 @@ SELECT removed.name,
 
 -- name: queue_known
 -- Whether a queue exists for pgqueue: it has a settings row or any task. Each probe reads
--- one index (the claim index, the running tasks', the retention index), never the table.
+-- one index (the claim index, the running tasks', the retention index, the waiting tasks'),
+-- never the table.
 SELECT EXISTS (SELECT 1 FROM pgqueue.queues WHERE name = %(name)s)
     OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'queued' AND queue = %(name)s)
     OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'running' AND queue = %(name)s)
     OR EXISTS (SELECT 1 FROM pgqueue.tasks
                 WHERE status IN ('completed', 'failed', 'cancelled') AND queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'waiting' AND queue = %(name)s)
        AS known;
 
 -- name: queue_list
 -- Every queue with tasks (in any status) or a setting, and whether it is paused (stats and
--- every /metrics scrape ask). The queues come from loose walks of the claim index and of the
+-- every /metrics scrape ask). The queues come from loose walks of the claim index, of the
 -- retention index (one per finished status, each a literal the partial index's predicate is
--- proved by), one probe per queue each, not from reading the tasks; running tasks are few
--- (as many as the workers' slots).
+-- proved by) and of the waiting tasks' index, one probe per queue each, not from reading the
+-- tasks; running tasks are few (as many as the workers' slots).
 WITH RECURSIVE backlog AS (
     SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
     UNION ALL
@@ -1081,6 +1083,13 @@ cancelled AS (
     SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'cancelled' AND queue > c.name)
       FROM cancelled AS c
      WHERE c.name IS NOT NULL
+),
+waiting AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'waiting') AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'waiting' AND queue > w.name)
+      FROM waiting AS w
+     WHERE w.name IS NOT NULL
 )
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at,
        q.completed_retention, q.dead_retention
@@ -1088,6 +1097,7 @@ SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at,
         UNION SELECT name FROM completed WHERE name IS NOT NULL
         UNION SELECT name FROM failed WHERE name IS NOT NULL
         UNION SELECT name FROM cancelled WHERE name IS NOT NULL
+        UNION SELECT name FROM waiting WHERE name IS NOT NULL
         UNION SELECT queue FROM pgqueue.tasks WHERE status = 'running'
         UNION SELECT name FROM pgqueue.queues) AS n
   LEFT JOIN pgqueue.queues AS q USING (name)
@@ -1375,7 +1385,7 @@ SELECT * FROM (SELECT 'retrying' AS kind, * FROM retrying
 
 -- name: queue_backlog
 -- The backlog per queue and priority (the pgqueue.backlog view, for these queues or all):
--- ready, scheduled, running, and the oldest ready task's age. It reads waiting and running
+-- ready, scheduled, running, and the oldest ready task's age. It reads queued and running
 -- rows only, through their partial indexes, so /metrics scrapes and dashboards may ask it
 -- every few seconds however many finished tasks are kept.
 SELECT queue, priority, ready, scheduled, running,
@@ -1386,11 +1396,12 @@ SELECT queue, priority, ready, scheduled, running,
 
 -- name: queue_overview
 -- Depth per queue, priority and status for what is asked every few seconds (`pgqueue stats`,
--- GET /api/v1/stats, /metrics, the dashboard): waiting and running tasks from the backlog
--- view, and dead letters, each read through its partial index. Completed and cancelled tasks
--- are left out: they are most of the table (a day of them, gigabytes at the design's rate),
--- and counting them means reading it all; the queue_depth view still does, for a DBA who
--- asks once. Tasks finished recently are in queue_throughput.
+-- GET /api/v1/stats, /metrics, the dashboard): queued and running tasks from the backlog
+-- view, dead letters, and waiting tasks (their parents not final yet), each read through its
+-- partial index. Completed and cancelled tasks are left out: they are most of the table (a
+-- day of them, gigabytes at the design's rate), and counting them means reading it all; the
+-- queue_depth view still does, for a DBA who asks once. Tasks finished recently are in
+-- queue_throughput.
 SELECT queue, priority, 'queued' AS status, ready + scheduled AS tasks, ready, scheduled,
        extract(epoch FROM oldest_ready_age)::double precision AS oldest_ready_age_seconds
   FROM pgqueue.backlog
@@ -1403,6 +1414,11 @@ UNION ALL
 SELECT queue, pgqueue.priority_name(priority), 'failed', count(*), 0, 0, NULL
   FROM pgqueue.tasks
  WHERE status = 'failed'
+ GROUP BY queue, priority
+UNION ALL
+SELECT queue, pgqueue.priority_name(priority), 'waiting', count(*), 0, 0, NULL
+  FROM pgqueue.tasks
+ WHERE status = 'waiting'
  GROUP BY queue, priority
  ORDER BY 1, 3, 2;
 

@@ -1,14 +1,12 @@
 """Tasks waiting on their parents (status 'waiting', issue 16) where operators count and list
 tasks, against real PostgreSQL.
 
-Counted today: the DBA's pgqueue.queue_depth view and pgqueue.queue_stats() (which read the
-whole table anyway), and listed by status in the CLI, the HTTP API and the dashboard's filter.
-
-Not yet: the cheap reads asked every few seconds (the overview behind `pgqueue stats`,
-GET /api/v1/stats, /metrics and the dashboard; the queue list; whether a queue exists) read
-each status through a partial index of its rows, and no index holds the waiting rows, so
-counting them there would read the whole table on every scrape. Those tests are strict
-xfails until a migration adds one (an index on (queue, priority) WHERE status = 'waiting').
+Counted by the DBA's pgqueue.queue_depth view and pgqueue.queue_stats() (which read the whole
+table anyway), and listed by status in the CLI, the HTTP API and the dashboard's filter. The
+cheap reads asked every few seconds (the overview behind `pgqueue stats`, GET /api/v1/stats,
+/metrics and the dashboard; the queue list; whether a queue exists) read each status through
+a partial index of its rows, the waiting ones through tasks_waiting_idx (migration 0014):
+tests/integration/test_query_plans.py checks that they read no more.
 """
 
 from __future__ import annotations
@@ -17,19 +15,11 @@ import json
 from typing import Any
 
 import psycopg
-import pytest
 from typer.testing import CliRunner
 
 import pgqueue
 from pgqueue.cli import app
 from pgqueue.models import QueueStats, TaskStatus
-
-NEEDS_WAITING_INDEX = pytest.mark.xfail(
-    strict=True,
-    reason="gap: no index holds the waiting rows, so the overview, the queue list and the "
-    "queue probe (each read through partial indexes only) do not read them; needs a "
-    "migration adding an index on (queue, priority) WHERE status = 'waiting'",
-)
 
 
 def waiting_in_their_own_queue(conn: psycopg.Connection[Any]) -> list[pgqueue.EnqueueResult]:
@@ -70,7 +60,6 @@ def test_cli_list_by_status_waiting_lists_the_waiting_tasks(database_url: str, c
     assert {d["status"] for d in listed} == {"waiting"}
 
 
-@NEEDS_WAITING_INDEX
 def test_the_overview_counts_waiting_tasks_by_queue_and_priority(conn: Any) -> None:
     """What `pgqueue stats` (and --json), GET /api/v1/stats, the pgqueue_queue_depth gauge and
     the dashboard's queue table show."""
@@ -80,7 +69,6 @@ def test_the_overview_counts_waiting_tasks_by_queue_and_priority(conn: Any) -> N
     assert rows.get(("callbacks", "high", "waiting")) == 1
 
 
-@NEEDS_WAITING_INDEX
 def test_a_queue_whose_only_tasks_are_waiting_is_listed(conn: Any) -> None:
     """`pgqueue queue list` (and GET /api/v1/queues) lists every queue with tasks in any
     status."""
@@ -88,7 +76,6 @@ def test_a_queue_whose_only_tasks_are_waiting_is_listed(conn: Any) -> None:
     assert "callbacks" in {q.name for q in pgqueue.list_queues(conn)}
 
 
-@NEEDS_WAITING_INDEX
 def test_a_queue_whose_only_tasks_are_waiting_may_be_paused_without_create(conn: Any) -> None:
     """The CLI and the API refuse to pause a queue with no tasks and no settings unless told
     --create (most often a typo); a queue of waiting tasks is not one."""
