@@ -457,16 +457,17 @@ def recent_failures(*, limit: int = 20) -> Op[list[Failure]]:
 
 @operation
 def overview() -> Op[list[QueueStats]]:
-    """Depth per queue, priority and status of waiting, running and dead-lettered tasks (not
-    completed or cancelled ones): what `pgqueue stats`, the API and the dashboard show, read
-    through partial indexes, so it may be asked every few seconds."""
+    """Depth per queue, priority and status of queued, running, waiting (for their parents)
+    and dead-lettered tasks (not completed or cancelled ones): what `pgqueue stats`, the API
+    and the dashboard show, read through partial indexes, so it may be asked every few
+    seconds."""
     return queries.queue_overview()
 
 
 @operation
 def backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     """Per queue (these, or all) and priority: ready, scheduled and running tasks and the age
-    of the oldest ready one, read from waiting and running tasks only (the autoscaling
+    of the oldest ready one, read from queued and running tasks only (the autoscaling
     signal; ``pgqueue.backlog`` in SQL)."""
     return queries.queue_backlog(queues)
 

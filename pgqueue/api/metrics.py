@@ -41,7 +41,7 @@ class ApiMetrics:
         )
         self.depth = Gauge(
             "pgqueue_queue_depth",
-            "Waiting, running and dead-lettered tasks by queue, priority and status",
+            "Queued, running, waiting and dead-lettered tasks by queue, priority and status",
             ["queue", "priority", "status"],
             registry=self.registry,
         )

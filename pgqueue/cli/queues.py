@@ -36,9 +36,12 @@ def stats(
         ),
     ] = 60.0,
 ) -> None:
-    """Waiting, running and dead-lettered tasks by queue and priority, the oldest ready task's
-    age, and tasks finished in the last minute (completed ones are counted there: counting all
-    that are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does)."""
+    """Queued, running, waiting and dead-lettered tasks by queue and priority, and throughput.
+
+    Per queue and priority: queued tasks (ready or scheduled) with the oldest ready task's age,
+    running ones, those waiting for their parents (a workflow's later steps) and dead letters;
+    then tasks finished in the last minute (completed ones are counted there: counting all that
+    are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does)."""
     with connection() as conn:
         depth = ops.overview(conn)
         finished = ops.throughput(conn, window_seconds=window)

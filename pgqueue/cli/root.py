@@ -70,9 +70,7 @@ TREE = (
     Entry(
         "stats",
         "queues",
-        "Waiting, running and dead-lettered tasks by queue and priority, the oldest ready task's\n"
-        "age, and tasks finished in the last minute (completed ones are counted there: counting "
-        "all\nthat are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does).",
+        "Queued, running, waiting and dead-lettered tasks by queue and priority, and throughput.",
     ),
     Entry(
         "schedules",

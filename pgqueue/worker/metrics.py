@@ -7,7 +7,7 @@ and never imports prometheus_client (an optional dependency: the ``api`` extra).
 ``/healthz``, from a small HTTP server in a daemon thread:
 
 - ``GET /metrics``: the exposition. Queue depth and oldest ready age are read from the
-  ``pgqueue.backlog`` view (waiting and running rows only) at scrape time, at most once
+  ``pgqueue.backlog`` view (queued and running rows only) at scrape time, at most once
   every QUEUE_DEPTH_MAX_AGE seconds, on a connection of the server thread's own; when that
   read fails, those two gauges are left out of the scrape and the rest is served.
 - ``GET /healthz``: 200 while the worker's event loop runs (a task on it stamps a heartbeat

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 import pgqueue
@@ -67,6 +68,87 @@ def test_the_overview_counts_waiting_tasks_by_queue_and_priority(conn: Any) -> N
     rows = {(s.queue, s.priority, s.status): s.tasks for s in pgqueue.overview(conn)}
     assert rows.get(("callbacks", "normal", "waiting")) == 2
     assert rows.get(("callbacks", "high", "waiting")) == 1
+
+
+def test_cli_stats_shows_the_waiting_tasks_in_its_table_and_its_json(
+    database_url: str, conn: Any
+) -> None:
+    waiting_in_their_own_queue(conn)
+    human = CliRunner().invoke(app, ["--database-url", database_url, "stats"])
+    assert human.exit_code == 0, human.output
+    lines = [line.split() for line in human.output.splitlines()]
+    assert ["callbacks", "normal", "waiting", "2", "0", "0", "-"] in lines
+    assert ["callbacks", "high", "waiting", "1", "0", "0", "-"] in lines
+
+    result = CliRunner().invoke(app, ["--database-url", database_url, "--json", "stats"])
+    assert result.exit_code == 0, result.output
+    depth = json.loads(result.output)["depth"]
+    assert {
+        "queue": "callbacks",
+        "priority": "normal",
+        "status": "waiting",
+        "tasks": 2,
+        "ready": 0,
+        "scheduled": 0,
+        "oldest_ready_age_seconds": None,
+    } in depth
+    assert not [d for d in depth if d["queue"] == "callbacks" and d["status"] != "waiting"]
+
+
+def test_the_api_stats_and_the_queue_depth_gauge_count_waiting_tasks(
+    database_url: str, conn: Any
+) -> None:
+    """GET /api/v1/stats (the dashboard's source) and /metrics: pgqueue_queue_depth has a
+    'waiting' series; the ready gauge, which counts due queued tasks, has none for them. The
+    queue is listed, and paused without ?create."""
+    from fastapi.testclient import TestClient
+
+    from pgqueue.api import ApiSettings, create_app
+
+    waiting_in_their_own_queue(conn)
+    with TestClient(create_app(ApiSettings(database_url=database_url))) as client:
+        stats = client.get("/api/v1/stats")
+        metrics = client.get("/metrics")
+        queues = client.get("/api/v1/queues")
+        paused = client.post("/api/v1/queues/callbacks/pause")
+    assert stats.status_code == metrics.status_code == queues.status_code == 200
+    assert paused.status_code == 200, paused.text  # not 404: the queue exists
+    rows = {(r["queue"], r["priority"], r["status"]): r["tasks"] for r in stats.json()["depth"]}
+    assert rows[("callbacks", "normal", "waiting")] == 2
+    assert rows[("callbacks", "high", "waiting")] == 1
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.text)
+        for s in family.samples
+    }
+    depth = {
+        dict(labels)["priority"]: value
+        for (name, labels), value in samples.items()
+        if name == "pgqueue_queue_depth"
+        and dict(labels)["queue"] == "callbacks"
+        and dict(labels)["status"] == "waiting"
+    }
+    assert depth == {"normal": 2.0, "high": 1.0}
+    helps = {f.name: f.documentation for f in text_string_to_metric_families(metrics.text)}
+    assert helps["pgqueue_queue_depth"].startswith("Queued, running, waiting and dead-lettered")
+    assert not [
+        k for k in samples if k[0] == "pgqueue_queue_ready" and ("queue", "callbacks") in k[1]
+    ]
+    assert "callbacks" in {q["name"] for q in queues.json()}
+
+
+def test_cli_pauses_a_queue_whose_only_tasks_are_waiting_without_create(
+    database_url: str, conn: Any
+) -> None:
+    waiting_in_their_own_queue(conn)
+    listed = CliRunner().invoke(app, ["--database-url", database_url, "queue", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "callbacks" in listed.output
+    paused = CliRunner().invoke(
+        app, ["--database-url", database_url, "queue", "pause", "callbacks"]
+    )
+    assert paused.exit_code == 0, paused.output
+    assert "is paused" in paused.output
 
 
 def test_a_queue_whose_only_tasks_are_waiting_is_listed(conn: Any) -> None:

@@ -31,11 +31,12 @@ async def stats(
     state: AppState,
     window_seconds: Annotated[float, Query(gt=0, le=86400)] = 60.0,
 ) -> StatsOut:
-    """Waiting, running and dead-lettered tasks per queue, priority and status, with the
-    oldest ready task's age (the autoscaling signal), and tasks finished per queue in the
-    last ``window_seconds``. Completed and cancelled tasks are counted only there: counting
-    every one kept would read the whole table on each call. Also the oldest snapshot that
-    holds back vacuum of the queue's table, flagged past ``PGQUEUE_SNAPSHOT_WARN_SECONDS``."""
+    """Queued, running, waiting (for their parents: a workflow's later steps) and
+    dead-lettered tasks per queue, priority and status, with the oldest ready task's age (the
+    autoscaling signal), and tasks finished per queue in the last ``window_seconds``.
+    Completed and cancelled tasks are counted only there: counting every one kept would read
+    the whole table on each call. Also the oldest snapshot that holds back vacuum of the
+    queue's table, flagged past ``PGQUEUE_SNAPSHOT_WARN_SECONDS``."""
     async with state.connection() as conn:
         depth = await aio.overview(conn)
         done = await aio.throughput(conn, window_seconds=window_seconds)
