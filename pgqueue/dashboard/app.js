@@ -406,12 +406,12 @@
     fill(
       $("cards"),
       card(
-        "waiting",
-        "Waiting",
+        "queued",
+        "Queued",
         number(sumBy(depth, "queued")),
         `${number(sumBy(depth, "queued", "ready"))} ready · ${number(sumBy(depth, "queued", "scheduled"))} scheduled`,
       ),
-      card("oldest", "Oldest waiting", ages.length ? duration(Math.max(...ages)) : "—", "age of the oldest ready task"),
+      card("oldest", "Oldest ready", ages.length ? duration(Math.max(...ages)) : "—", "age of the oldest ready task"),
       card("running", "Running", number(sumBy(depth, "running")), "leased to workers"),
       card("completed", "Completed, 1 h", number(completed), `${number(failed)} dead-lettered`),
       card("failure-rate", "Failure rate, 1 h", percent(failed, completed + failed), "dead-lettered / finished"),
@@ -461,13 +461,15 @@
           el("td", { "data-col": "priority" }, priority ?? "—"),
           count("ready", c.ready),
           count("scheduled", c.scheduled),
+          count("waiting", c.statuses.waiting),
           count("running", c.statuses.running),
           count("failed", c.statuses.failed),
           el("td", { class: "num", "data-col": "oldest" }, c.oldest === null ? "—" : duration(c.oldest)),
         );
         if (i === 0) {
-          const waiting = [...groups.get(name).values()].reduce((n, p) => n + (p.statuses.queued || 0), 0);
-          cells.push(el("td", { rowspan: entries.length, class: "actions" }, queueButton(name, paused.has(name), waiting)));
+          const total = (status) => [...groups.get(name).values()].reduce((n, p) => n + (p.statuses[status] || 0), 0);
+          const button = queueButton(name, paused.has(name), total("queued"), total("waiting"));
+          cells.push(el("td", { rowspan: entries.length, class: "actions" }, button));
         }
         rows.push(
           el(
@@ -483,9 +485,10 @@
       { label: "Priority" },
       { label: "Ready", cls: "num" },
       { label: "Scheduled", cls: "num" },
+      { label: "Waiting", cls: "num" },
       { label: "Running", cls: "num" },
       { label: "Dead letters", cls: "num" },
-      { label: "Oldest waiting", cls: "num" },
+      { label: "Oldest ready", cls: "num" },
       { label: "" },
     ];
     fill($("queues"), table(columns, rows, "No tasks in any queue."));
@@ -958,17 +961,20 @@
 
   // --- pausing a queue, cancelling a task ------------------------------------------------------------
 
-  function queueButton(name, isPaused, waiting) {
+  function queueButton(name, isPaused, queued, waiting) {
     const label = isPaused ? "Resume" : "Pause";
     return el(
       "button",
-      { type: "button", class: isPaused ? "resume" : "pause", "data-action": isPaused ? "resume" : "pause", "data-queue": name, onclick: () => toggleQueue(name, isPaused, waiting) },
+      { type: "button", class: isPaused ? "resume" : "pause", "data-action": isPaused ? "resume" : "pause", "data-queue": name, onclick: () => toggleQueue(name, isPaused, queued, waiting) },
       label,
     );
   }
 
-  async function toggleQueue(name, isPaused, waiting) {
-    const tasks = plural(waiting, "waiting task", "waiting tasks");
+  async function toggleQueue(name, isPaused, queued, waiting) {
+    // Waiting tasks are claimed once their parents release them, so the pause holds them too.
+    const tasks =
+      plural(queued, "queued task", "queued tasks") +
+      (waiting ? ` (and the ${plural(waiting, "task", "tasks")} waiting for their parents, once released)` : "");
     const ok = isPaused
       ? await confirmAction(`Resume queue ${name}?`, `Workers start claiming its ${tasks} again.`, `Resume ${name}`, false)
       : await confirmAction(
@@ -1058,7 +1064,7 @@
             ? field("run-at", "Runs at", when(task.run_at), el("span", { class: "muted" }, ` ${relative(task.run_at)}`))
             : null,
           task.status === "queued" && task.ready_since && task.ready_since !== task.run_at
-            ? field("ready-since", "Waiting since", when(task.ready_since), el("span", { class: "muted" }, ` ${relative(task.ready_since)}`))
+            ? field("ready-since", "Ready since", when(task.ready_since), el("span", { class: "muted" }, ` ${relative(task.ready_since)}`))
             : null,
           field("started", "Last started", when(task.started_at)),
           field("finished", "Finished", when(task.finished_at)),

@@ -156,7 +156,7 @@ def failed_by_a_worker(
 def seed(conn: psycopg.Connection[Any], database_url: str) -> Seeded:
     now = datetime.now(UTC)
     completed_before, dead_before = history(conn, now)
-    # Waiting: three priorities in "emails" (one due for two hours), and "reports" with one
+    # Queued: three priorities in "emails" (one due for two hours), and "reports" with one
     # scheduled an hour ahead.
     for priority, count in (("high", 2), ("normal", 2), ("low", 1)):
         for i in range(count):
@@ -168,6 +168,10 @@ def seed(conn: psycopg.Connection[Any], database_url: str) -> Seeded:
     # Running, under a ten-minute lease.
     running = pgqueue.enqueue(conn, "video.transcode", {"video": "intro.mp4"}, queue="media")
     pgqueue.claim(conn, ["media"], limit=1, worker_id=WORKER, lease_seconds=600)
+    # Waiting for its parent, the transcode, to finish (issue 16).
+    pgqueue.enqueue(
+        conn, "video.publish", {"video": "intro.mp4"}, queue="media", depends_on=[running]
+    )
     # Completed, with results.
     done = pgqueue.enqueue_many(
         conn,
@@ -384,7 +388,7 @@ def test_without_a_token_the_page_asks_for_one_and_shows_no_data(page, server, s
 def test_the_overview_shows_depth_age_throughput_running_tasks_and_failures(page, server, seeded):
     sign_in(page, server)
 
-    # Queues: depth by priority and status, and the age of the oldest waiting task.
+    # Queues: depth by priority and status, and the age of the oldest ready task.
     expect(cell(page, "default", "high", "ready")).to_have_text("2")
     expect(cell(page, "default", "normal", "ready")).to_have_text("3")
     expect(cell(page, "default", "low", "ready")).to_have_text("1")
@@ -392,8 +396,10 @@ def test_the_overview_shows_depth_age_throughput_running_tasks_and_failures(page
     expect(cell(page, "reports", "normal", "ready")).to_have_text("2")
     expect(cell(page, "reports", "normal", "scheduled")).to_have_text("1")
     expect(cell(page, "media", "normal", "running")).to_have_text("1")
+    expect(cell(page, "media", "normal", "waiting")).to_have_text("1")
+    expect(cell(page, "media", "normal", "ready")).to_have_text("·")
     # Completed tasks are not in the table (counting every one kept reads the whole table);
-    # a queue with nothing waiting, running or dead has no row at all.
+    # a queue with nothing queued, waiting, running or dead has no row at all.
     expect(page.locator('tr[data-queue="billing"]')).to_have_count(0)
     expect(page.locator('#queues td[data-col="completed"]')).to_have_count(0)
     expect(cell(page, "payments", "normal", "failed")).to_have_text("3")
@@ -401,7 +407,10 @@ def test_the_overview_shows_depth_age_throughput_running_tasks_and_failures(page
     expect(cards.locator('[data-card="oldest"] .card-value')).to_have_text(
         re.compile(r"^2h 0[01]m$")
     )
-    expect(cards.locator('[data-card="waiting"] .card-value')).to_have_text("10")
+    # Queued: ready and scheduled (tasks waiting for their parents are in the table only).
+    expect(cards.locator('[data-card="queued"] .card-label')).to_have_text("Queued")
+    expect(cards.locator('[data-card="queued"] .card-value')).to_have_text("10")
+    expect(cards.locator('[data-card="oldest"] .card-label')).to_have_text("Oldest ready")
     expect(cards.locator('[data-card="running"] .card-value')).to_have_text("1")
     dead_total = str(seeded.dead_in_hour)
     expect(cards.locator('[data-card="dead"] .card-value')).to_have_text(dead_total)

@@ -172,7 +172,7 @@ def test_pausing_and_resuming_a_queue_from_the_overview(
 
     button.click()
     expect(page.locator("#confirm-title")).to_have_text("Pause queue reports?")
-    expect(page.locator("#confirm-text")).to_contain_text("its 3 waiting tasks")
+    expect(page.locator("#confirm-text")).to_contain_text("its 3 queued tasks until")
     page.click("#confirm-ok")
 
     expect(page.locator("#notice")).to_contain_text("Paused queue reports")

@@ -77,7 +77,7 @@ def test_the_snapshot_warning_names_who_holds_cleanup_back_and_goes_away_when_it
 
     sign_in(page, server)
     warning = page.locator(WARNING)
-    expect(page.locator('#cards [data-card="waiting"] .card-value')).to_have_text("10")
+    expect(page.locator('#cards [data-card="queued"] .card-value')).to_have_text("10")
     expect(warning).to_be_hidden()
     next_refresh(page)  # and it stays hidden over a refresh, a second being the threshold
     expect(warning).to_be_hidden()
@@ -108,7 +108,7 @@ def test_the_snapshot_warning_names_who_holds_cleanup_back_and_goes_away_when_it
         first = held_for(warning.inner_text())
         assert 1 <= first <= time.monotonic() - began + 1
         # The rest of the overview is still there beneath it.
-        expect(page.locator('#cards [data-card="waiting"] .card-value')).to_have_text("10")
+        expect(page.locator('#cards [data-card="queued"] .card-value')).to_have_text("10")
         screenshot(page, "dashboard-snapshot-warning")
 
         # The time is the server's, read again at each refresh: the next one shows longer.
