@@ -283,3 +283,23 @@ def test_the_worker_closes_a_tasks_django_connection_after_it(
         return row.fetchone()[0] == 0
 
     wait_until(closed, DEADLINE, f"the task's Django connection (backend {pid}) to close")
+
+
+def test_a_task_waiting_for_its_parents_is_ready_to_django(worker: DjangoWorker, pg: Any) -> None:
+    """A task of a pgqueue workflow (issue 16), looked up through Django: still READY while
+    its parent has not run (a status Django has no name for), not an error."""
+    from django.utils import timezone
+    from shop.tasks import add
+
+    from pgqueue.contrib.django.backend import STATUSES
+
+    assert set(STATUSES) == set(pgqueue.TaskStatus)
+    later = timezone.now() + timedelta(hours=1)
+    parent = add.using(run_after=later).enqueue(1, 1)
+    child = pgqueue.enqueue(pg, pg_task(pg, parent.id).type, {}, depends_on=[parent.id])
+    pg.commit()
+    assert pg_task(pg, str(child.id)).status is pgqueue.TaskStatus.WAITING
+    assert add.get_result(str(child.id)).status == "READY"
+    pgqueue.cancel(pg, parent.id)
+    pg.commit()
+    assert add.get_result(str(child.id)).status == "FAILED"
