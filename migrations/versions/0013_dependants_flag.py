@@ -5,8 +5,8 @@ Revision ID: 0013_dependants_flag
 Revises: 0012_workflow_views
 Create Date: 2026-12-03
 
-``tasks.has_dependants`` is true on a task once a dependant was inserted while it was not
-final (task_insert_dependent sets it, under the row lock it takes anyway). The statements
+``tasks.has_dependants`` is true on a task once a dependant of it was inserted
+(task_insert_dependent sets it, under the row lock it takes anyway). The statements
 that finish tasks call ``task_dependants_settle`` only for rows that carry it, so a plain
 task's completion runs what it ran before workflows existed: no function call, no probe of
 task_dependencies. The column is nullable without a default, so adding it rewrites nothing;
@@ -201,11 +201,22 @@ def upgrade() -> None:
         was_cancelled uuid[];
     BEGIN
         WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
-            -- The children, locked in id order (parents are held by the caller).
+            -- The edges that may be taken back, read unlocked; then their buckets and their
+            -- children are locked in that order, each in key order, as task_dependants_settle
+            -- locks them (parents are held by the caller), so the two cannot deadlock. The
+            -- statement below reads the children's statuses after these locks.
+            SELECT array_agg(child_id ORDER BY child_id, bucket),
+                   array_agg(bucket ORDER BY child_id, bucket)
+              INTO r_child, r_bucket
+              FROM pgqueue.task_dependencies
+             WHERE parent_id = ANY(ids) AND outcome IN ('failed', 'cancelled');
+            EXIT WHEN r_child IS NULL;
+            PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
+             WHERE (b.child_id, b.bucket) IN (SELECT * FROM unnest(r_child, r_bucket))
+             ORDER BY b.child_id, b.bucket
+               FOR UPDATE;
             SELECT array_agg(id) FILTER (WHERE status = 'cancelled') INTO was_cancelled FROM (
-                SELECT id, status FROM pgqueue.tasks
-                 WHERE id IN (SELECT child_id FROM pgqueue.task_dependencies
-                               WHERE parent_id = ANY(ids) AND outcome IN ('failed', 'cancelled'))
+                SELECT id, status FROM pgqueue.tasks WHERE id = ANY(r_child)
                  ORDER BY id FOR UPDATE
             ) AS l;
             WITH taken AS (  -- each child read by its id alone (see task_dependants_settle)
@@ -225,26 +236,27 @@ def upgrade() -> None:
               FROM taken;
             EXIT WHEN r_child IS NULL;
 
-            -- Buckets in key order: pending again (one emptied re-opens, the child's
-            -- parents_pending counts it once more).
-            PERFORM 1 FROM pgqueue.task_dependency_buckets AS b
-             WHERE (b.child_id, b.bucket) IN (SELECT * FROM unnest(r_child, r_bucket))
-             ORDER BY b.child_id, b.bucket
-               FOR UPDATE;
+            -- Buckets pending again (one emptied re-opens: the child's parents_pending counts
+            -- it once more).
             WITH g AS (
                 SELECT child_id, bucket, count(*) AS k
                   FROM unnest(r_child, r_bucket) AS x(child_id, bucket)
                  GROUP BY child_id, bucket
             ),
+            -- A bucket whose parents were all final when the child was inserted (it was
+            -- inserted cancelled) has no row yet: it is made here.
             opened AS (
-                UPDATE pgqueue.task_dependency_buckets AS b SET pending = b.pending + g.k
-                  FROM g WHERE b.child_id = g.child_id AND b.bucket = g.bucket
-                RETURNING b.child_id, b.pending = g.k AS reopened
+                INSERT INTO pgqueue.task_dependency_buckets AS b (child_id, bucket, pending)
+                SELECT child_id, bucket, k FROM g
+                    ON CONFLICT (child_id, bucket)
+                    DO UPDATE SET pending = b.pending + EXCLUDED.pending
+                RETURNING b.child_id, b.bucket, b.pending
             )
             SELECT array_agg(child_id ORDER BY child_id), array_agg(n ORDER BY child_id)
               INTO k_child, k_opened
-              FROM (SELECT child_id, count(*) FILTER (WHERE reopened)::integer AS n
-                      FROM opened GROUP BY child_id) AS o;
+              FROM (SELECT o.child_id, count(*) FILTER (WHERE o.pending = g.k)::integer AS n
+                      FROM opened AS o JOIN g USING (child_id, bucket)
+                     GROUP BY o.child_id) AS o;
 
             WITH c AS (
                 SELECT * FROM unnest(k_child, k_opened) AS c(child_id, opened)

@@ -1456,9 +1456,10 @@ SELECT kind, holder, pid, state, seconds, xid_age
 -- name: task_insert_dependent
 -- Tasks with parents (depends_on) or a workflow (issue 16), in one statement: all or nothing.
 -- The parents already in the table (committed, or inserted earlier in this transaction) are
--- locked in id order, and each not yet final is marked has_dependants, so that none can
--- finish between this read and the commit, and the statement that finishes it settles
--- these edges (task_dependants_settle); one already final is counted here. A parent inserted
+-- locked in id order and marked has_dependants, so that none can finish between this read
+-- and the commit, and the statement that finishes it settles these edges
+-- (task_dependants_settle); one already final is counted here (and marked all the same: a
+-- dead letter's replay revives the dependants it doomed, task_dependants_revive). A parent inserted
 -- by this statement is marked as it is inserted. The lock is FOR NO KEY UPDATE, the one the
 -- mark's UPDATE needs: two inserts sharing a parent take turns instead of deadlocking on an
 -- upgrade from a shared lock. A task is inserted
@@ -1494,7 +1495,6 @@ marked AS (
     UPDATE pgqueue.tasks AS t SET has_dependants = true
       FROM parents AS p
      WHERE t.id = p.id AND p.has_dependants IS NOT TRUE
-       AND p.status NOT IN ('completed', 'failed', 'cancelled')
        AND (SELECT ids FROM missing) IS NULL
 ),
 children AS MATERIALIZED (

@@ -116,3 +116,61 @@ def test_a_parents_completion_and_a_cancel_in_concurrent_transactions_end_the_ch
     # Not claimable: it was not released after it was cancelled.
     later = pgqueue.claim(setup, ["default"], limit=10, worker_id="w2")
     assert child.id not in {t.id for t in later}
+
+
+@pytest.mark.parametrize("first", ["completion", "replay"])
+def test_a_replay_and_another_parents_completion_in_concurrent_transactions(
+    connect: Connect, first: str
+) -> None:
+    """A child of two parents, one dead-lettered (which cancelled the child) and one running:
+    the replay of the dead one (which revives the child) and the completion of the running one
+    share the child's bucket and row. Whichever goes first, no deadlock, and the child ends
+    waiting for the replayed parent alone, then runs once after it."""
+    setup = connect()
+    dead = pgqueue.enqueue(setup, "d", {}, max_attempts=1)
+    (claimed,) = pgqueue.claim(setup, ["default"], limit=1, worker_id="w")
+    pgqueue.fail(setup, claimed.lease, "boom")
+    running = pgqueue.enqueue(setup, "r", {})
+    child = pgqueue.enqueue(setup, "c", {}, depends_on=[running, dead])  # doomed at insert
+    (claimed,) = pgqueue.claim(setup, ["default"], limit=1, worker_id="w")
+    assert claimed.id == running.id
+    assert pgqueue.get_task(setup, child.id).cancelled_by == dead.id
+    completer, replayer = writer(connect), writer(connect)
+
+    def complete() -> None:
+        pgqueue.complete(completer, claimed.lease, "done")
+
+    def replay() -> None:
+        assert pgqueue.replay(replayer, [dead.id]) == [dead.id]
+
+    holder, waiter = (completer, replayer) if first == "completion" else (replayer, completer)
+    hold, wait = (complete, replay) if first == "completion" else (replay, complete)
+    hold()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            wait()
+            waiter.commit()
+        except BaseException as exc:
+            errors.append(exc)
+            waiter.rollback()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    try:
+        wait_until_blocked_or_done(
+            connect(), waiter.info.backend_pid, holder.info.backend_pid, thread
+        )
+    finally:
+        holder.commit()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert errors == []
+    task = pgqueue.get_task(setup, child.id)
+    assert (task.status, task.cancelled_by, task.parents_pending) == (TaskStatus.WAITING, None, 1)
+    (again,) = pgqueue.claim(setup, ["default"], limit=10, worker_id="w")
+    assert again.id == dead.id
+    pgqueue.complete(setup, again.lease, "ok")
+    (last,) = pgqueue.claim(setup, ["default"], limit=10, worker_id="w")
+    assert last.id == child.id

@@ -180,3 +180,19 @@ def test_a_keyed_root_task_keeps_its_workflow_id(conn: Any) -> None:
     conn.commit()
     assert task(conn, one.id).workflow_id == workflow
     assert task(conn, many.task.id).workflow_id == workflow
+
+
+def test_a_child_enqueued_after_its_parent_died_is_revived_by_the_replay(conn: Any) -> None:
+    """Inserted cancelled (its parent was already a dead letter): the replay revives it too,
+    though its edge was counted by the insert, not by the parent's failure."""
+    parent = pgqueue.enqueue(conn, "p", {}, max_attempts=1)
+    conn.commit()
+    dead_letter(conn, parent.id)
+    late = pgqueue.enqueue(conn, "c", {}, depends_on=[parent])
+    conn.commit()
+    assert (late.task.status, late.task.cancelled_by) == (TaskStatus.CANCELLED, parent.id)
+    pgqueue.replay(conn, [parent.id])
+    conn.commit()
+    assert task(conn, late.id).status is TaskStatus.WAITING
+    assert complete_ready(conn) == [parent.id]
+    assert complete_ready(conn) == [late.id]
