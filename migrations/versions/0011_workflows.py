@@ -29,8 +29,13 @@ in two steps, so no step holds a long lock:
     ALTER TABLE pgqueue.tasks DROP CONSTRAINT tasks_status_check;
     ALTER TABLE pgqueue.tasks RENAME CONSTRAINT tasks_status_check_v2 TO tasks_status_check;
 
-and build the index beforehand without blocking writes (the migration then finds it):
+and build the index beforehand without blocking writes (the migration then finds it), on the
+columns added first by hand (instant: nullable, no default; the migration adds them IF NOT
+EXISTS):
 
+    ALTER TABLE pgqueue.tasks ADD COLUMN IF NOT EXISTS workflow_id uuid,
+        ADD COLUMN IF NOT EXISTS parents_pending integer,
+        ADD COLUMN IF NOT EXISTS cancelled_by uuid;
     CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_workflow_idx ON pgqueue.tasks (workflow_id)
         WHERE workflow_id IS NOT NULL;
 
@@ -54,9 +59,9 @@ def upgrade() -> None:
     -- are still open (NULL: it never had parents); 0 once every parent is final.
     -- cancelled_by: the parent whose failure or cancellation cancelled this task.
     ALTER TABLE pgqueue.tasks
-        ADD COLUMN workflow_id uuid,
-        ADD COLUMN parents_pending integer,
-        ADD COLUMN cancelled_by uuid;
+        ADD COLUMN IF NOT EXISTS workflow_id uuid,
+        ADD COLUMN IF NOT EXISTS parents_pending integer,
+        ADD COLUMN IF NOT EXISTS cancelled_by uuid;
 
     -- The status CHECK gains 'waiting', in the steps of the docstring; skipped where a DBA
     -- ran them by hand already (the constraint then names 'waiting').

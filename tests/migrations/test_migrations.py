@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from alembic import command
 from alembic.config import Config
 
+import pgqueue
 from pgqueue import migrate
 from pgqueue.config import sqlalchemy_url
 from pgqueue.errors import SchemaNotReady
@@ -239,6 +241,63 @@ def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade
 
 
 # --- idempotence and the version table ---------------------------------------------------------
+
+
+def test_0011_finds_the_status_check_and_index_a_dba_replaced_by_hand(
+    empty_database_url: str,
+) -> None:
+    """The README's path for a large table before the workflows' revisions: the status CHECK
+    replaced in the steps that hold no long lock, and the workflow index built without
+    blocking writes, by hand, as the README prints them; the revisions then find both."""
+    migrate.upgrade(empty_database_url, "0010_function_tasks")
+    execute(
+        empty_database_url,
+        "INSERT INTO pgqueue.tasks (type, payload, status) VALUES ('t', '{}', 'queued')",
+    )
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    by_hand = [
+        statement
+        for statement in re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", readme)
+        if "tasks_status_check" in statement
+        or "tasks_workflow_idx" in statement
+        or "workflow_id uuid" in statement
+    ]
+    assert len(by_hand) == 6, by_hand
+    for statement in by_hand:
+        execute(empty_database_url, statement)
+
+    migrate.upgrade(empty_database_url)
+
+    assert_matches_snapshot(empty_database_url)
+    assert rows(empty_database_url, "SELECT type, status FROM pgqueue.tasks") == [("t", "queued")]
+
+
+def test_0013_marks_the_parents_of_workflows_enqueued_before_it(empty_database_url: str) -> None:
+    """A workflow enqueued at 0012 (before has_dependants) still settles after the upgrade:
+    the revision marks every task that has an edge as a parent."""
+    migrate.upgrade(empty_database_url, "0012_workflow_views")
+    parent, child, plain = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    execute(
+        empty_database_url,
+        "INSERT INTO pgqueue.tasks (id, type, payload, status, parents_pending) VALUES"
+        f" ('{parent}', 'p', '{{}}', 'queued', NULL), ('{child}', 'c', '{{}}', 'waiting', 1),"
+        f" ('{plain}', 'x', '{{}}', 'queued', NULL);"
+        "INSERT INTO pgqueue.task_dependencies (child_id, parent_id, position, bucket)"
+        f" VALUES ('{child}', '{parent}', 0, 0);"
+        "INSERT INTO pgqueue.task_dependency_buckets (child_id, bucket, pending)"
+        f" VALUES ('{child}', 0, 1)",
+    )
+
+    migrate.upgrade(empty_database_url)
+
+    assert rows(
+        empty_database_url, "SELECT id, has_dependants FROM pgqueue.tasks ORDER BY type"
+    ) == [(child, None), (parent, True), (plain, None)]
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        claimed = pgqueue.claim(conn, ["default"], limit=10, worker_id="w")
+        for task in claimed:
+            pgqueue.complete(conn, task.lease, None)
+        assert pgqueue.get_task(conn, child).status is pgqueue.TaskStatus.QUEUED
 
 
 def test_upgrade_twice_is_a_no_op_that_keeps_data_and_leaves_the_database_at_head(
