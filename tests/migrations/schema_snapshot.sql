@@ -453,6 +453,7 @@ AS $function$
         k_doom uuid[];
         k_reason text[];
         k_waiting uuid[];    -- of those, the ones still waiting (locked)
+        k_cancelled uuid[];  -- of those, the ones this cancelled
     BEGIN
         WHILE ids IS NOT NULL AND cardinality(ids) > 0 LOOP
             -- Each parent is read by its id alone (a lateral LIMIT 1): joined on the status,
@@ -558,12 +559,12 @@ AS $function$
             )
             SELECT array_agg(id) FILTER (WHERE waiting AND status = 'cancelled'),
                    count(*) FILTER (WHERE waiting AND status = 'queued') + max(woke.k) * 0
-              INTO k_waiting, n
+              INTO k_cancelled, n
               FROM moved, woke;
             released := released + coalesce(n, 0);
-            PERFORM pgqueue.task_waiters_wake(k_waiting);
+            PERFORM pgqueue.task_waiters_wake(k_cancelled);
             -- The cancelled ones settle their own dependants in the next round.
-            ids := k_waiting;
+            ids := k_cancelled;
         END LOOP;
         RETURN released;
     END
