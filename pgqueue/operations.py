@@ -20,7 +20,7 @@ from typing import Any
 
 from pgqueue import arguments, config, queries, tracing
 from pgqueue.cron import Schedule
-from pgqueue.enqueue import check_name, prepare
+from pgqueue.enqueue import PLAIN_KEYS, check_name, new_task_ids, prepare, prepare_plain
 from pgqueue.errors import (
     QueueNotFound,
     TaskNotFound,
@@ -52,6 +52,7 @@ from pgqueue.models import (
     ThroughputPoint,
     WorkflowInfo,
     WorkflowStatus,
+    built,
 )
 from pgqueue.queries import (
     HeartbeatResult,
@@ -170,13 +171,21 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
     """Validate a batch: prepared TaskSpecs or dicts of enqueue's keyword arguments.
 
     The same prepared task twice is refused (it would collide with itself). The payload
-    limit is read once for the batch rather than once per task.
+    limit is read once for the batch rather than once per task, and the batch's ids are made
+    at once, in the order of its items (a prepared task keeps its own).
     """
     limit = config.max_payload_bytes()
+    batch = items if isinstance(items, list | tuple) else list(items)
+    ids = iter(new_task_ids(len(batch)))
+    names: set[str] = set()
+    prepared = False
     out: list[TaskSpec] = []
-    for item in items:
+    for item in batch:
         if isinstance(item, TaskSpec):
             out.append(item)
+            prepared = True
+        elif item.__class__ is dict and "type" in item and item.keys() <= PLAIN_KEYS:
+            out.append(prepare_plain(next(ids), item, limit, names))
         elif isinstance(item, Mapping):
             if "type" not in item:
                 raise ValidationError("type", "is required")
@@ -185,14 +194,18 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
                     "key_reuse", "is an option of the batch: enqueue_many(..., key_reuse=...)"
                 )
             if "max_payload_bytes" in item:
-                out.append(prepare(**item))
+                spec = prepare(**item)
             else:
-                out.append(prepare(**item, max_payload_bytes=limit))
+                spec = prepare(**item, max_payload_bytes=limit)
+            # The batch's next id, for the batch's order (none of its items can name this
+            # one's fresh id in depends_on: only prepared tasks are known before).
+            out.append(spec._replace(id=next(ids)))
         else:
             raise ValidationError(
                 "tasks", f"items must be dicts or pgqueue.prepare(...), not {type(item).__name__}"
             )
-    if len({s.id for s in out}) != len(out):
+    # Ids made here are new, so only a prepared task can appear twice.
+    if prepared and len({s.id for s in out}) != len(out):
         raise ValidationError(
             "tasks", "the same prepared task appears twice; call pgqueue.prepare() once per task"
         )
@@ -295,7 +308,8 @@ def _insert_many(
     type_, queue = tracing.batch_names({s.type for s in specs}, queues)
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
         rows = yield from queries.task_insert_many(specs, now, trace_context, key_reuse)
-    return [EnqueueResult(t, c) for t, c in rows]
+    # (built: an EnqueueResult's __init__ is a fifth of a task's own)
+    return [built(EnqueueResult, {"task": t, "created": c}) for t, c in rows]
 
 
 # --- function tasks (issue 15): a prepared task's insert, arguments checked by name -----------
@@ -496,7 +510,8 @@ def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime],
 
 
 def _enqueue_results(rows: list[tuple[Task, bool]]) -> list[EnqueueResult]:
-    return [EnqueueResult(t, c) for t, c in rows]
+    # (built: an EnqueueResult's __init__ is a fifth of a task's own)
+    return [built(EnqueueResult, {"task": t, "created": c}) for t, c in rows]
 
 
 @atomic_operation

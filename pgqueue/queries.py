@@ -61,6 +61,7 @@ from pgqueue.models import (
     WorkflowInfo,
     WorkflowStatus,
     WorkflowTask,
+    built,
 )
 
 T = TypeVar("T")
@@ -396,28 +397,40 @@ def _inserted(
     """The Task a fresh insert created, built from what was sent rather than read back: the
     statement returns only what the server decided (times, the resolved max_attempts, queue
     and priority), which keeps enqueue cheap."""
-    return Task(
-        id=spec.id,
-        queue=queue,
-        type=spec.type,
-        payload=spec.payload,
-        priority=spec.priority if spec.priority is not None else Priority(priority),
-        status=TaskStatus.QUEUED,
-        attempts=0,
-        max_attempts=max_attempts,
-        visible_after=visible_after,
-        idempotency_key=spec.idempotency_key,
-        result=None,
-        last_error=None,
-        cancel_requested=False,
-        lease_owner=None,
-        lease_expires_at=None,
-        created_at=created_at,
-        started_at=None,
-        finished_at=None,
-        ready_since=visible_after,
-        expires_at=expires_at,
+    return built(
+        Task,
+        {
+            "id": spec.id,
+            "queue": queue,
+            "type": spec.type,
+            "payload": spec.payload,
+            "priority": spec.priority if spec.priority is not None else _PRIORITIES[priority],
+            "status": TaskStatus.QUEUED,
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "visible_after": visible_after,
+            "idempotency_key": spec.idempotency_key,
+            "result": None,
+            "last_error": None,
+            "cancel_requested": False,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "created_at": created_at,
+            "started_at": None,
+            "finished_at": None,
+            "submitted_priority": None,
+            "ready_since": visible_after,
+            "snoozes": 0,
+            "expires_at": expires_at,
+            "workflow_id": None,
+            "parents_pending": None,
+            "cancelled_by": None,
+        },
     )
+
+
+# Priority(n) by lookup (an enum's call is slow); a Priority is its own key (an IntEnum).
+_PRIORITIES: dict[int, Priority] = {int(p): p for p in Priority}
 
 
 def task_insert(
@@ -522,9 +535,10 @@ def _refuse_if_different(
         )
 
 
+# The jsonb columns (payload, trace_context) go as bytea: see _jsonb_bytes.
 _COPY_TYPES = (
-    "uuid", "text", "text", "jsonb", "int2", "int4", "float4", "float4", "float4",
-    "timestamptz", "timestamptz", "jsonb", "bool", "timestamptz",
+    "uuid", "text", "text", "bytea", "int2", "int4", "float4", "float4", "float4",
+    "timestamptz", "timestamptz", "bytea", "bool", "timestamptz",
 )  # fmt: skip
 
 
@@ -585,10 +599,6 @@ def _trace_json(trace_context: Mapping[str, str] | None) -> Jsonb | None:
     return Jsonb(dict(trace_context)) if trace_context else None
 
 
-def _stored_as_is(text: str) -> str:
-    return text  # payload_json is already valid, compact JSON
-
-
 def _spec_columns(specs: Sequence[TaskSpec]) -> dict[str, list[Any]]:
     """The array-insert statements' task columns, one array per column (task_insert_many's
     keyed part, task_insert_dependent), built in one place so both insert the same fields."""
@@ -621,10 +631,14 @@ def task_insert_many(
     one ``trace_context`` (one submit span). Of two items with one key, the first is created;
     with ``key_reuse`` REFUSE, an item whose key's holder (older, or an earlier item) differs
     raises IdempotencyConflict after the rows this batch inserted are deleted again."""
-    trace = _trace_json(trace_context)
     if not specs:
         return []
-    graph = [s for s in specs if _in_graph(s)]
+    # (_in_graph, inline: a call per task saved)
+    graph = [
+        s
+        for s in specs
+        if s.depends_on or (s.workflow_id is not None and s.idempotency_key is None)
+    ]
     if graph:
         from pgqueue import dependencies
 
@@ -644,39 +658,18 @@ def task_insert_many(
             raise
         by_id = {t.id: (t, c) for t, c in done} | {t.id: (t, True) for t in created}
         return [by_id[s.id] for s in specs_all]
+    plain = [s for s in specs if s.idempotency_key is None]
+    if len(plain) == len(specs):  # the common case: all by COPY, in the caller's order
+        tasks, ready = yield from _copy_plain(plain, now, trace_context)
+        if ready:
+            yield Query("queue_notify", {"queues": sorted(ready)})
+        return [(t, True) for t in tasks]
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
     inserted_ids: list[uuid.UUID] = []  # all a refusal has to undo
-    plain = [s for s in specs if s.idempotency_key is None]
     if plain:
-        types = sorted({s.type for s in plain})
-        (head,) = yield Query("task_copy_clock", {"now": now, "types": types})
-        clock: datetime = head["now"]
-        policies = _declared_policies(head["declared"])
-        places = _declared_places(head["declared"])
-        rows = []
-        for s in plain:
-            visible_after = s.run_at or (
-                clock + timedelta(seconds=s.delay_seconds) if s.delay_seconds else clock
-            )
-            payload = Jsonb(s.payload_json, dumps=_stored_as_is)
-            attempts, base, factor, cap, mark = _resolved_policy(s, policies)
-            queue, priority = s.queue, s.priority
-            if queue is None or priority is None:
-                declared_queue, declared_priority = places.get(s.type, _DEFAULT_PLACE)
-                queue = declared_queue if queue is None else queue
-                priority = declared_priority if priority is None else priority
-            expires_at = s.expires_at
-            if s.expires_in is not None:  # issue 15: from the server's clock, as the INSERTs
-                expires_at = clock + timedelta(seconds=s.expires_in)
-            rows.append(
-                (
-                    s.id, queue, s.type, payload, int(priority), attempts, base, factor,
-                    cap, visible_after, clock, trace, mark, expires_at,
-                )
-            )  # fmt: skip
-            task = _inserted(s, clock, visible_after, attempts, queue, priority, expires_at)
-            results[s.id] = (task, True)
-        yield Copy("task_copy", _COPY_TYPES, rows)
+        tasks, _ = yield from _copy_plain(plain, now, trace_context)
+        for t in tasks:
+            results[t.id] = (t, True)
         inserted_ids.extend(s.id for s in plain)
     keyed = [s for s in specs if s.idempotency_key is not None]
     if keyed:
@@ -695,6 +688,59 @@ def task_insert_many(
     if queues:
         yield Query("queue_notify", {"queues": queues})
     return out
+
+
+def _copy_plain(
+    plain: Sequence[TaskSpec], now: datetime | None, trace_context: Mapping[str, str] | None
+) -> Op[tuple[list[Task], set[str]]]:
+    """Tasks without idempotency keys by binary COPY (nothing can conflict): the Tasks, in
+    order, and the queues of those ready now (to notify)."""
+    types = sorted({s.type for s in plain})
+    (head,) = yield Query("task_copy_clock", {"now": now, "types": types})
+    clock: datetime = head["now"]
+    policies = _declared_policies(head["declared"])
+    places = _declared_places(head["declared"])
+    trace = _jsonb_bytes(_TRACE_ENCODER.encode(dict(trace_context))) if trace_context else None
+    rows = []
+    tasks = []
+    ready: set[str] = set()
+    for s in plain:
+        visible_after = s.run_at or (
+            clock + timedelta(seconds=s.delay_seconds) if s.delay_seconds else clock
+        )
+        if s.max_attempts is None and s.backoff_base is None:  # (_resolved_policy's test)
+            attempts, base, factor, cap, mark = policies.get(s.type, _DEFAULT_POLICY)
+        else:
+            attempts, base, factor, cap, mark = _resolved_policy(s, policies)
+        queue, priority = s.queue, s.priority
+        if queue is None or priority is None:
+            declared_queue, declared_priority = places.get(s.type, _DEFAULT_PLACE)
+            queue = declared_queue if queue is None else queue
+            priority = declared_priority if priority is None else priority
+        expires_at = s.expires_at
+        if s.expires_in is not None:  # issue 15: from the server's clock, as the INSERTs
+            expires_at = clock + timedelta(seconds=s.expires_in)
+        rows.append(
+            (
+                s.id, queue, s.type, _jsonb_bytes(s.payload_json), int(priority), attempts,
+                base, factor, cap, visible_after, clock, trace, mark, expires_at,
+            )
+        )  # fmt: skip
+        tasks.append(_inserted(s, clock, visible_after, attempts, queue, priority, expires_at))
+        if visible_after <= clock:
+            ready.add(queue)
+    yield Copy("task_copy", _COPY_TYPES, rows)
+    return tasks, ready
+
+
+def _jsonb_bytes(text: str) -> bytes:
+    """A jsonb value in PostgreSQL's binary form (a version byte, 1, then the JSON text), sent
+    as bytea: COPY streams the bytes as they are and the server reads them as the column's
+    type, jsonb; psycopg's jsonb dumper would call Python code per row to make the same."""
+    return b"\x01" + text.encode()
+
+
+_TRACE_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def _insert_keyed(
