@@ -22,6 +22,7 @@ from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, c
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg.types.string import BytesBinaryDumper
 
 from pgqueue import db
 from pgqueue.config import DEFAULT_QUEUE
@@ -169,6 +170,7 @@ def _execute(
 ) -> list[Row]:
     with raw.cursor(row_factory=dict_row) as cur:
         if isinstance(query, Copy):
+            cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see _COPY_TYPES
             with cur.copy(sql[query.name]) as copy:
                 copy.set_types(query.types)
                 for row in query.rows:
@@ -207,6 +209,7 @@ async def _aexecute(
 ) -> list[Row]:
     async with raw.cursor(row_factory=dict_row) as cur:
         if isinstance(query, Copy):
+            cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see _COPY_TYPES
             async with cur.copy(sql[query.name]) as copy:
                 copy.set_types(query.types)
                 for row in query.rows:
@@ -535,9 +538,13 @@ def _refuse_if_different(
         )
 
 
-# The jsonb columns (payload, trace_context) go as bytea: see _jsonb_bytes.
+# The id (a uuid's 16 bytes) and the jsonb columns (payload, trace_context; see _jsonb_bytes)
+# go as bytea, in the binary form of their own types: COPY streams a field's bytes as they are
+# and the server reads them as the column's type. Sent so with the C bytes dumper (the cursor
+# of a COPY registers it: psycopg's default for bytea, dbapi20's, and its uuid and jsonb
+# dumpers are Python code called per row).
 _COPY_TYPES = (
-    "uuid", "text", "text", "bytea", "int2", "int4", "float4", "float4", "float4",
+    "bytea", "text", "text", "bytea", "int2", "int4", "float4", "float4", "float4",
     "timestamptz", "timestamptz", "bytea", "bool", "timestamptz",
 )  # fmt: skip
 
@@ -722,8 +729,9 @@ def _copy_plain(
             expires_at = clock + timedelta(seconds=s.expires_in)
         rows.append(
             (
-                s.id, queue, s.type, _jsonb_bytes(s.payload_json), int(priority), attempts,
-                base, factor, cap, visible_after, clock, trace, mark, expires_at,
+                s.id.int.to_bytes(16), queue, s.type, b"\x01" + s.payload_json.encode(),
+                int(priority), attempts, base, factor, cap, visible_after, clock, trace, mark,
+                expires_at,
             )
         )  # fmt: skip
         tasks.append(_inserted(s, clock, visible_after, attempts, queue, priority, expires_at))
@@ -734,9 +742,7 @@ def _copy_plain(
 
 
 def _jsonb_bytes(text: str) -> bytes:
-    """A jsonb value in PostgreSQL's binary form (a version byte, 1, then the JSON text), sent
-    as bytea: COPY streams the bytes as they are and the server reads them as the column's
-    type, jsonb; psycopg's jsonb dumper would call Python code per row to make the same."""
+    """A jsonb value in PostgreSQL's binary form: a version byte, 1, then the JSON text."""
     return b"\x01" + text.encode()
 
 
