@@ -8,12 +8,14 @@ between rounds, so a refactor that must cost nothing cannot be judged from them.
 refactor of pgqueue's Python can change is the CPU its own process spends per task, and that
 can be measured without the noise:
 
-* ``enqueue_single`` and ``enqueue_bulk``: the producer runs under ``valgrind --tool=callgrind``,
-  which counts the instructions the process executes (not seconds: the same count whatever
-  else the machine does). Each tree runs the same script twice, with a small and a large
-  number of tasks; the difference divided by the difference in tasks is the instructions per
-  task, with interpreter start-up, imports and connecting cancelled out. The server's work
-  is not counted (it is the same SQL text for a refactor; bench.compare covers the server).
+* ``enqueue_single``, ``enqueue_bulk`` (enqueue_many of dicts) and ``enqueue_columns`` (the
+  columnar form, ``pgqueue.enqueue_columns``, skipped for a tree without it): the producer
+  runs under ``valgrind --tool=callgrind``, which counts the instructions the process
+  executes (not seconds: the same count whatever else the machine does). Each tree runs the
+  same script twice, with a small and a large number of tasks; the difference divided by the
+  difference in tasks is the instructions per task, with interpreter start-up, imports and
+  connecting cancelled out. The server's work is not counted (it is the same SQL text for a
+  refactor; bench.compare covers the server).
 * ``drain``: a real ``pgqueue worker`` process (one process, concurrency 100), also under
   callgrind, drains a backlog enqueued before it starts, small then large, differenced the
   same way: the worker's own instructions per task (claim, dispatch, handler call, batched
@@ -24,7 +26,8 @@ can be measured without the noise:
 Each tree runs from its own virtualenv (``~/.cache/pgqueue-bench/venvs/cost-<hash of the
 path>``, the tree installed editable), against a fresh database per run on the server given by
 ``--database-url`` (default: this machine's PostgreSQL on 127.0.0.1:5432). Trees alternate
-within each round. Output: one markdown table; ratios are against the first tree.
+within each round. Output: one markdown table; ratios are against the first tree (the first
+that has the scenario's API).
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ import psycopg
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 VENVS = Path("~/.cache/pgqueue-bench/venvs").expanduser()
-SCENARIOS = ("enqueue_single", "enqueue_bulk", "drain")
+SCENARIOS = ("enqueue_single", "enqueue_bulk", "enqueue_columns", "drain")
 # (small, large) task counts per scenario: large enough that per-task work dominates the
 # difference, small enough for valgrind (about 50x slower than the plain interpreter).
-SIZES = {"enqueue_single": (100, 600), "enqueue_bulk": (1000, 6000), "drain": (1000, 4000)}
+SIZES = {
+    "enqueue_single": (100, 600),
+    "enqueue_bulk": (1000, 6000),
+    "enqueue_columns": (1000, 6000),
+    "drain": (1000, 4000),
+}
 BULK_BATCH = 1000
 PAYLOAD = {"data": "x" * 100}
 
@@ -63,6 +71,11 @@ if scenario == "enqueue_single":
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(n):
             pgqueue.enqueue(conn, "bench.noop", payload)
+elif scenario == "enqueue_columns":
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, n, {batch}):
+            pgqueue.enqueue_columns(conn, "bench.noop", [payload] * min({batch}, n - start))
+            conn.commit()
 else:
     item = {{"type": "bench.noop", "payload": payload}}
     with psycopg.connect(dsn) as conn:
@@ -205,6 +218,11 @@ def per_task(scenario: str, python: Path, work: Path, server_url: str) -> float:
     return (values[1] - values[0]) / (large - small)
 
 
+def has_columns(tree: Path) -> bool:
+    """Whether the tree has pgqueue.enqueue_columns (the enqueue_columns scenario's API)."""
+    return "def enqueue_columns(" in (tree / "pgqueue" / "operations.py").read_text()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", action="append", type=Path, required=True, help="a checkout")
@@ -236,14 +254,19 @@ def main() -> None:
         for r in range(1, args.repeat + 1):
             for scenario in scenarios:
                 for tree in trees:
+                    if scenario == "enqueue_columns" and not has_columns(tree):
+                        continue
                     print(f"round {r}: {scenario} / {commits[tree]} ...", file=sys.stderr)
                     value = per_task(scenario, pythons[tree], work, args.database_url)
                     results.setdefault((scenario, tree), []).append(value)
     print("| scenario | tree | instructions per task (each round) | median | ÷ first tree |")
     print("|---|---|---|---|---|")
     for scenario in scenarios:
-        first = statistics.median(results[(scenario, trees[0])])
-        for tree in trees:
+        measured = [t for t in trees if (scenario, t) in results]
+        if not measured:
+            continue
+        first = statistics.median(results[(scenario, measured[0])])
+        for tree in measured:
             values = results[(scenario, tree)]
             med = statistics.median(values)
             each = ", ".join(f"{v:,.0f}" for v in values)

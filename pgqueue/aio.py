@@ -13,6 +13,7 @@ from pgqueue.queries import arun as arun  # re-exported: drive your own ops
 
 enqueue = _ops.enqueue.aio
 enqueue_many = _ops.enqueue_many.aio
+enqueue_columns = _ops.enqueue_columns.aio
 get_task = _ops.get_task.aio
 list_tasks = _ops.list_tasks.aio
 cancel = _ops.cancel.aio

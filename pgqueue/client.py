@@ -92,6 +92,7 @@ class Client:
 
     enqueue = _in_transaction(operations.enqueue)
     enqueue_many = _in_transaction(operations.enqueue_many)
+    enqueue_columns = _in_transaction(operations.enqueue_columns)
     get_task = _in_transaction(operations.get_task)
     list_tasks = _in_transaction(operations.list_tasks)
     cancel = _in_transaction(operations.cancel)

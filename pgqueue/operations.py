@@ -20,7 +20,14 @@ from typing import Any
 
 from pgqueue import arguments, config, queries, tracing
 from pgqueue.cron import Schedule
-from pgqueue.enqueue import PLAIN_KEYS, check_name, new_task_ids, prepare, prepare_plain
+from pgqueue.enqueue import (
+    PLAIN_KEYS,
+    check_name,
+    encode_payload,
+    new_task_ids,
+    prepare,
+    prepare_plain,
+)
 from pgqueue.errors import (
     QueueNotFound,
     TaskNotFound,
@@ -40,6 +47,7 @@ from pgqueue.models import (
     LimitKind,
     OldestSnapshot,
     Parent,
+    Priority,
     QueueBacklog,
     QueueState,
     QueueStats,
@@ -310,6 +318,64 @@ def _insert_many(
         rows = yield from queries.task_insert_many(specs, now, trace_context, key_reuse)
     # (built: an EnqueueResult's __init__ is a fifth of a task's own)
     return [built(EnqueueResult, {"task": t, "created": c}) for t, c in rows]
+
+
+@atomic_operation
+def enqueue_columns(
+    type: str,
+    payloads: Iterable[Mapping[str, Any] | None],
+    *,
+    queue: str | None = None,
+    priority: Priority | str | int | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    retry: RetryPolicy | None = None,
+    expires_in: float | None = None,
+    expires_at: datetime | None = None,
+    now: datetime | None = None,
+) -> Op[list[uuid.UUID]]:
+    """Submit one task of ``type`` per payload, with the same options for all; returns their
+    ids, in the order of ``payloads``.
+
+    The columnar form of enqueue_many, for large batches of one type: the options are checked
+    once, each payload as enqueue checks it (a JSON object within the size limit, None for
+    ``{}``), all before anything is written, and the batch goes in by one binary COPY in the
+    caller's transaction (all or nothing even on an autocommit connection). No Task objects
+    are made: a fraction of enqueue_many's cost per task. The options are enqueue's (left
+    out, the type's declaration applies); an idempotency key or parents need enqueue_many.
+    """
+    template = prepare(
+        type,
+        None,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+        retry=retry,
+        expires_in=expires_in,
+        expires_at=expires_at,
+    )
+    if isinstance(payloads, str | bytes | Mapping) or not isinstance(payloads, Iterable):
+        raise ValidationError(
+            "payloads", f"must be a list of payloads (dicts), not {_kind(payloads)}"
+        )
+    limit = config.max_payload_bytes()
+    encoded = [encode_payload({} if p is None else p, limit) for p in payloads]
+    return _insert_columns(template, encoded, now)
+
+
+def _insert_columns(
+    template: TaskSpec, payloads: list[str], now: datetime | None
+) -> Op[list[uuid.UUID]]:
+    if not payloads:
+        return []
+    ids = new_task_ids(len(payloads))
+    queue = template.queue or "(declared)"
+    with tracing.submit_span(template.type, queue, count=len(ids)) as trace_context:
+        yield from queries.task_copy_columns(template, ids, payloads, now, trace_context)
+    return ids
 
 
 # --- function tasks (issue 15): a prepared task's insert, arguments checked by name -----------

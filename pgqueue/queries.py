@@ -741,6 +741,44 @@ def _copy_plain(
     return tasks, ready
 
 
+def task_copy_columns(
+    spec: TaskSpec,
+    ids: Sequence[uuid.UUID],
+    payloads: Sequence[str],
+    now: datetime | None = None,
+    trace_context: Mapping[str, str] | None = None,
+) -> Op[None]:
+    """Tasks alike but for their ids and payloads (JSON text) by binary COPY: ``spec``, a
+    prepared task without a key or parents, gives the rest, resolved once for all (the type's
+    declaration as in _copy_plain)."""
+    (head,) = yield Query("task_copy_clock", {"now": now, "types": [spec.type]})
+    clock: datetime = head["now"]
+    attempts, base, factor, cap, mark = _resolved_policy(spec, _declared_policies(head["declared"]))
+    declared_queue, declared_priority = _declared_places(head["declared"]).get(
+        spec.type, _DEFAULT_PLACE
+    )
+    queue = declared_queue if spec.queue is None else spec.queue
+    priority = int(declared_priority if spec.priority is None else spec.priority)
+    visible_after = spec.run_at or (
+        clock + timedelta(seconds=spec.delay_seconds) if spec.delay_seconds else clock
+    )
+    expires_at = spec.expires_at
+    if spec.expires_in is not None:
+        expires_at = clock + timedelta(seconds=spec.expires_in)
+    trace = _jsonb_bytes(_TRACE_ENCODER.encode(dict(trace_context))) if trace_context else None
+    type = spec.type
+    rows = [
+        (
+            i.int.to_bytes(16), queue, type, b"\x01" + p.encode(), priority, attempts, base,
+            factor, cap, visible_after, clock, trace, mark, expires_at,
+        )
+        for i, p in zip(ids, payloads, strict=True)
+    ]  # fmt: skip
+    yield Copy("task_copy", _COPY_TYPES, rows)
+    if visible_after <= clock:
+        yield Query("queue_notify", {"queues": [queue]})
+
+
 def _jsonb_bytes(text: str) -> bytes:
     """A jsonb value in PostgreSQL's binary form: a version byte, 1, then the JSON text."""
     return b"\x01" + text.encode()
