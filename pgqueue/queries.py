@@ -711,6 +711,7 @@ def _copy_plain(
     rows = []
     tasks = []
     ready: set[str] = set()
+    common = vars(_inserted(plain[0], clock, clock, 0, "", DEFAULT_PRIORITY))
     for s in plain:
         visible_after = s.run_at or (
             clock + timedelta(seconds=s.delay_seconds) if s.delay_seconds else clock
@@ -734,7 +735,17 @@ def _copy_plain(
                 expires_at,
             )
         )  # fmt: skip
-        tasks.append(_inserted(s, clock, visible_after, attempts, queue, priority, expires_at))
+        # (_inserted, inline, from a copy of the batch's common fields: a third of its cost)
+        fields = common.copy()
+        fields["id"] = s.id
+        fields["queue"] = queue
+        fields["type"] = s.type
+        fields["payload"] = s.payload
+        fields["priority"] = priority
+        fields["max_attempts"] = attempts
+        fields["visible_after"] = fields["ready_since"] = visible_after
+        fields["expires_at"] = expires_at
+        tasks.append(built(Task, fields))
         if visible_after <= clock:
             ready.add(queue)
     yield Copy("task_copy", _COPY_TYPES, rows)
