@@ -20,9 +20,10 @@ from round to round, and each ratio (tree ÷ base) is taken within a round befor
   database, ``enqueue``, ``status`` and a worker really running;
 - with ``--server-url``: a worker's time from exec to its first claim (a task enqueued
   before the launch; the claim's ``started_at`` against the wall clock at ``Popen``), for
-  ``--processes 1`` and ``2`` (with 2: the first claim, and the later of the two children's
-  first claims; one task each, held for 3 s, at concurrency 1). Each tree gets a database of
-  its own, migrated by that tree.
+  ``--processes 1``, ``2`` and ``4`` (``--worker-processes``): with N > 1, each child's first
+  claim, reported as the first child's, the median child's and the last child's (one task
+  per child, held for 3 s, at concurrency 1, so that no child can take two). Each tree gets
+  a database of its own, migrated by that tree. ``--worker-only`` skips the other cases.
 
 ``--bytecode as-is`` keeps this environment's setting (here ``PYTHONDONTWRITEBYTECODE=1``:
 an editable checkout compiles pgqueue's sources at every start); ``cached`` gives each
@@ -290,13 +291,17 @@ def _interleaved(
 
 def _table(figures: dict[str, dict[str, list[float]]], unit: str, scale: float) -> list[str]:
     names = list(next(iter(figures.values())))
-    head = " | ".join(f"{n} (median {unit})" for n in names)
+    head = " | ".join(f"{n}: median (min-max) {unit}" for n in names)
     lines = [
         f"| case | {head} |" + (" tree ÷ base, median of rounds (min-max) |" * (len(names) > 1))
     ]
     lines.append("|---" * (len(names) + 1 + (len(names) > 1)) + "|")
     for case, by_tree in figures.items():
-        cells = [f"{statistics.median(by_tree[n]) * scale:,.0f}" for n in names]
+        cells = [
+            f"{statistics.median(by_tree[n]) * scale:,.0f} "
+            f"({min(by_tree[n]) * scale:,.0f}-{max(by_tree[n]) * scale:,.0f})"
+            for n in names
+        ]
         row = f"| {case} | " + " | ".join(cells) + " |"
         if len(names) > 1:
             ratios = [t / b for t, b in zip(by_tree["tree"], by_tree["base"], strict=True) if b]
@@ -315,7 +320,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--worker-rounds", type=int, default=5)
     parser.add_argument("--bytecode", choices=["as-is", "cached"], default="as-is")
+    parser.add_argument("--worker-processes", type=int, nargs="+", default=[1, 2, 4], metavar="N")
+    parser.add_argument(
+        "--worker-only", action="store_true", help="only the worker's exec to first claim"
+    )
     args = parser.parse_args()
+    if args.worker_only and not args.server_url:
+        parser.error("--worker-only needs --server-url")
 
     with tempfile.TemporaryDirectory(prefix="pgqueue-startup-") as tmp:
         cache, workdir = Path(tmp) / "pycache", Path(tmp) / "work"
@@ -346,11 +357,12 @@ def main() -> None:
                 out[f"{case}: wall"], out[f"{case}: cpu"] = tree.wall(argv)
             return out
 
-        figures = _interleaved(trees, args.rounds, walls)
-        for kind in ("wall", "cpu"):
-            print(f"\n{kind.capitalize()} time (ms):\n")
-            chosen = {c[: -len(kind) - 2]: f for c, f in figures.items() if c.endswith(kind)}
-            print("\n".join(_table(chosen, "ms", 1000)))
+        if not args.worker_only:
+            figures = _interleaved(trees, args.rounds, walls)
+            for kind in ("wall", "cpu"):
+                print(f"\n{kind.capitalize()} time (ms):\n")
+                chosen = {c[: -len(kind) - 2]: f for c, f in figures.items() if c.endswith(kind)}
+                print("\n".join(_table(chosen, "ms", 1000)))
 
         def imports(tree: Tree) -> dict[str, float]:
             figures = import_figures(tree, baseline)
@@ -360,29 +372,35 @@ def main() -> None:
             )
             return figures
 
-        print("\nImport time (ms, -X importtime):\n")
-        print("\n".join(_table(_interleaved(trees, args.rounds, imports), "ms", 1)))
+        if not args.worker_only:
+            print("\nImport time (ms, -X importtime):\n")
+            print("\n".join(_table(_interleaved(trees, args.rounds, imports), "ms", 1)))
 
         bench = WorkerBench(args.server_url, trees, workdir) if args.server_url else None
         try:
-            print("\nHeavy modules loaded:\n")
-            print("| case | " + " | ".join(t.name for t in trees) + " |")
-            print("|---" * (len(trees) + 1) + "|")
-            sets = {t.name: module_sets(t, bench.urls[t.name] if bench else None) for t in trees}
-            for case in sets["tree"]:
-                cells = [", ".join(sets[t.name].get(case, [])) or "none" for t in trees]
-                print(f"| {case} | " + " | ".join(cells) + " |")
+            if not args.worker_only:
+                print("\nHeavy modules loaded:\n")
+                print("| case | " + " | ".join(t.name for t in trees) + " |")
+                print("|---" * (len(trees) + 1) + "|")
+                urls = bench.urls if bench else {}
+                sets = {t.name: module_sets(t, urls.get(t.name)) for t in trees}
+                for case in sets["tree"]:
+                    cells = [", ".join(sets[t.name].get(case, [])) or "none" for t in trees]
+                    print(f"| {case} | " + " | ".join(cells) + " |")
             if bench is None:
                 return
 
             def claims(tree: Tree) -> dict[str, float]:
-                one = bench.first_claims(tree, 1)
-                two = bench.first_claims(tree, 2)
-                return {
-                    "--processes 1: first claim": one[0],
-                    "--processes 2: first claim": two[0],
-                    "--processes 2: both children claimed": two[-1],
-                }
+                out = {}
+                for processes in args.worker_processes:
+                    each = bench.first_claims(tree, processes)
+                    if processes == 1:
+                        out["--processes 1: first claim"] = each[0]
+                        continue
+                    out[f"--processes {processes}: first child's first claim"] = each[0]
+                    out[f"--processes {processes}: median child's"] = statistics.median(each)
+                    out[f"--processes {processes}: last child's"] = each[-1]
+                return out
 
             print("\nWorker, exec to first claim (ms):\n")
             print("\n".join(_table(_interleaved(trees, args.worker_rounds, claims), "ms", 1000)))
