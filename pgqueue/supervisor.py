@@ -5,21 +5,178 @@ the GIL does not cap a multi-core machine and one child's crash (a segfault, ``o
 OOM kill) does not take the others down: the supervisor restarts it, with a backoff if it
 keeps dying. SIGTERM/SIGINT are passed on to every child (graceful); a second signal is
 passed on too, which makes the children stop at once.
+
+How a child starts (issue 20). **fork** (Linux): the supervisor has imported pgqueue, the
+worker and the application's registry once, and each child is forked from that state, so it
+starts in milliseconds instead of importing everything again in a fresh interpreter (on two
+cores, N children doing that at once took a second or more). A child opens its connections
+and starts its threads after the fork; the supervisor has neither at that moment (it checks,
+before every fork: no other thread, no open socket). **spawn**: each child is a fresh
+``python -m pgqueue worker ... --processes 1``, as before. Spawn is used where fork is not
+safe (macOS: its system libraries do not survive a fork of a process that used them; Windows
+has no fork), when that check finds a thread or a socket (the application's module opened
+one at import), or when ``PGQUEUE_WORKER_START_METHOD=spawn`` says so. Each child's
+``worker.process_started`` event names the method.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import os
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
+from pgqueue.errors import ConfigurationError
 from pgqueue.log import event
 
 RESTART_BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0
+
+ENV_START_METHOD = "PGQUEUE_WORKER_START_METHOD"
+START_METHODS = ("fork", "spawn")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Child(Protocol):
+    """A started child, as the supervisor watches it (``subprocess.Popen`` is one)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def start_method() -> str:
+    """How children start here: ``PGQUEUE_WORKER_START_METHOD`` if set, else fork on Linux
+    and spawn elsewhere. Read (and refused if bad) before any child starts."""
+    raw = os.environ.get(ENV_START_METHOD, "").strip().lower()
+    if not raw:
+        return "fork" if sys.platform == "linux" else "spawn"
+    if raw not in START_METHODS:
+        raise ConfigurationError(f"{ENV_START_METHOD} must be fork or spawn, not {raw!r}")
+    if raw == "fork" and not hasattr(os, "fork"):
+        raise ConfigurationError(f"{ENV_START_METHOD}=fork: this platform has no fork")
+    return raw
+
+
+def fork_hazard() -> str | None:
+    """Why forking this process now would be unsafe, or None: a thread besides this one (a
+    fork copies only the calling thread; a lock another one held stays locked in the child)
+    or an open socket (a database connection, say: two processes would talk over one).
+    Standard input, output and error are shared on purpose, whatever they are (under
+    systemd, a socket to the journal), as a spawned child shares them."""
+    others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    if others:
+        return f"a thread is running ({', '.join(sorted(others))})"
+    fds = Path("/proc/self/fd")
+    if fds.is_dir():
+        tasks = Path("/proc/self/task")
+        if tasks.is_dir() and len(list(tasks.iterdir())) > 1:
+            return "a thread not started by Python is running"
+        for fd in fds.iterdir():
+            if int(fd.name) <= 2:
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith("socket:"):
+                    return f"file descriptor {fd.name} is an open socket"
+    return None
+
+
+class ForkedChild:
+    """A child forked by :func:`fork`: ``Popen``'s poll, wait and send_signal, by pid.
+
+    The supervisor's signal handler polls too, possibly while ``wait`` is blocked on the
+    same child: whichever reaps it records the code, and the other finds it recorded (its
+    own waitpid then fails with ECHILD)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _reap(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped by the other caller meanwhile
+            if self.returncode is None:  # or by someone else: gone, its code unknown
+                self.returncode = 0  # what subprocess.Popen says then
+            return
+        if pid and self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self._reap(0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # not reaped, so the pid is still this child's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """SIGTERM/SIGINT held back around the fork: a child must not run the supervisor's
+    handler (it would signal its siblings) before it has put back the defaults. One that
+    arrives meanwhile is delivered to the supervisor right after."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def fork(run: Callable[[], int]) -> ForkedChild:
+    """``run()`` in a forked child, whose exit code is what it returns. The child exits with
+    ``os._exit``: the supervisor's own exit handlers and buffers are not the child's."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # What the supervisor imported stays out of the children's collections (kept for the
+    # process's life anyway): they neither scan it nor, by touching it, copy its pages.
+    gc.freeze()
+    with _stop_signals_blocked():
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                # As in a fresh interpreter, until the worker installs its own handlers.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+                code = run()
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:  # sys.exit("message"), as the interpreter would show it
+                    print(exc.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                os._exit(code)
+    return ForkedChild(pid)
 
 
 class Supervisor:
@@ -30,25 +187,51 @@ class Supervisor:
         *,
         env: Mapping[str, str] | None = None,
         slot_args: Callable[[int], Sequence[str]] | None = None,
+        run_forked: Callable[[int], int] | None = None,
+        method: str = "spawn",
     ) -> None:
-        """``slot_args(slot)``: arguments added to the command of the child in that slot (and
-        of its replacements), such as a metrics port of its own."""
+        """``command`` (with ``env``) starts a child by spawn; ``slot_args(slot)`` gives the
+        arguments added to the command of the child in that slot (and of its replacements),
+        such as a metrics port of its own. With ``method`` fork, a child runs
+        ``run_forked(slot)`` instead, in a fork of this process, and exits with its result
+        (spawn again while :func:`fork_hazard` finds a reason)."""
+        if method == "fork" and run_forked is None:
+            raise ValueError("fork needs run_forked")
         self.command = list(command)
         self.slot_args = slot_args
         self.env = dict(env) if env is not None else None
+        self.run_forked = run_forked
+        self.method = method
         self.processes = processes
-        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.children: dict[int, Child] = {}
         self.started_at: dict[int, float] = {}
         self.backoff: dict[int, float] = {}
         self.restart_at: dict[int, float] = {}
         self.signals = 0
+        self._hazard: str | None = None  # the last reason not to fork, logged once each
 
-    def _spawn(self, slot: int) -> None:
-        extra = list(self.slot_args(slot)) if self.slot_args else []
-        proc = subprocess.Popen([*self.command, *extra], env=self.env)
+    def _method_now(self) -> str:
+        if self.method != "fork":
+            return self.method
+        hazard = fork_hazard()
+        if hazard is not None and hazard != self._hazard:
+            event("worker.fork_unsafe", logging.WARNING, reason=hazard, start="spawn")
+        self._hazard = hazard
+        return "spawn" if hazard is not None else "fork"
+
+    def _start(self, slot: int) -> None:
+        method = self._method_now()
+        proc: Child
+        if method == "fork":
+            assert self.run_forked is not None
+            run, at = self.run_forked, slot
+            proc = fork(lambda: run(at))
+        else:
+            extra = list(self.slot_args(slot)) if self.slot_args else []
+            proc = subprocess.Popen([*self.command, *extra], env=self.env)
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
-        event("worker.process_started", slot=slot, pid=proc.pid)
+        event("worker.process_started", slot=slot, pid=proc.pid, start=method)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
@@ -57,10 +240,12 @@ class Supervisor:
                 proc.send_signal(signal.SIGTERM if self.signals == 1 else signal.SIGINT)
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        # All at once: each child's start (its connections, its schema check) runs beside
+        # the others'.
         for slot in range(self.processes):
-            self._spawn(slot)
+            self._start(slot)
         while True:
             if self.signals:
                 for proc in self.children.values():
@@ -90,5 +275,5 @@ class Supervisor:
             for slot, when in list(self.restart_at.items()):
                 if now >= when and not self.signals:
                     del self.restart_at[slot]
-                    self._spawn(slot)
+                    self._start(slot)
             time.sleep(0.1)

@@ -1,13 +1,16 @@
 """``pgqueue worker``: run the handlers of a registry, in this process or in several.
 
-With ``--processes N`` this process only supervises: it starts N children, each
-``pgqueue worker ... --processes 1`` with the same options, and replaces any that dies. The
-options therefore travel twice, once into a :class:`~pgqueue.worker.WorkerConfig` and once
-back into a command line; :class:`WorkerOptions` holds them between the two.
+With ``--processes N`` this process only supervises: it starts N children with the same
+options and replaces any that dies (pgqueue/supervisor.py). A child is forked from this
+process, with the worker and the registry already imported, or, where it cannot be forked,
+is ``pgqueue worker ... --processes 1``. For the latter the options travel twice, once into a
+:class:`~pgqueue.worker.WorkerConfig` and once back into a command line; :class:`WorkerOptions`
+holds them between the two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -177,6 +180,10 @@ def worker(
     for name in queue or []:  # before any connection: a queue no task can be in
         check_name("queue", name)
     max_result_bytes()  # a bad PGQUEUE_MAX_RESULT_BYTES: refused here, not by N children
+    if processes > 1:
+        from pgqueue.supervisor import start_method
+
+        start_method()  # a bad PGQUEUE_WORKER_START_METHOD, likewise
     options = WorkerOptions(
         queues=queue or [DEFAULT_QUEUE],
         concurrency=concurrency,
@@ -211,7 +218,7 @@ def worker(
         url = state.url()
         tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
-        raise typer.Exit(_supervise(registry, processes, options, url))
+        raise typer.Exit(_supervise(registry, tasks, processes, options, url))
     _run(tasks, url, options)
 
 
@@ -271,23 +278,53 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
     return argv
 
 
-def _supervise(registry: str | None, processes: int, options: WorkerOptions, url: str) -> int:
+def _supervise(
+    registry: str | None, tasks: TaskRegistry, processes: int, options: WorkerOptions, url: str
+) -> int:
     """Run ``processes`` children until they stop; the supervisor's exit code."""
-    from pgqueue.supervisor import Supervisor
+    from pgqueue.cli.errors import exit_reporting_errors
+    from pgqueue.supervisor import Supervisor, start_method
 
+    method = start_method()
     # The URL goes to the children in their environment, not their argv: any local user
     # can read a command line (ps), and the URL may hold a password.
     argv = _child_argv(registry, options)
     env = {**os.environ, ENV_DATABASE_URL: url}
-    if options.metrics_port is None:
-        return Supervisor(argv, processes, env=env).run()
-    argv += ["--metrics-host", options.metrics_host]
     first_port = options.metrics_port
+    if first_port is not None:
+        argv += ["--metrics-host", options.metrics_host]
 
     def port_of(slot: int) -> list[str]:  # child i on PORT+i, a replacement on the same
-        return ["--metrics-port", str(first_port + slot)]
+        return [] if first_port is None else ["--metrics-port", str(first_port + slot)]
 
-    return Supervisor(argv, processes, env=env, slot_args=port_of).run()
+    def run_forked(slot: int) -> int:
+        """A forked child: the worker of that slot, its errors reported as the command's."""
+        os.environ[ENV_DATABASE_URL] = url  # what a spawned child has (its handlers may read it)
+        port = None if first_port is None else first_port + slot
+        mine = dataclasses.replace(options, metrics_port=port)
+        exit_reporting_errors(lambda: _run(tasks, url, mine))
+
+    if method == "fork":
+        _preload(options)
+    supervisor = Supervisor(
+        argv, processes, env=env, slot_args=port_of, run_forked=run_forked, method=method
+    )
+    return supervisor.run()
+
+
+def _preload(options: WorkerOptions) -> None:
+    """Import, once, what every forked child would otherwise import on its own as it
+    starts: the worker's services and what they load on first use."""
+    import concurrent.futures.thread  # noqa: F401  (asyncio.to_thread's executor)
+
+    import pgqueue.worker  # noqa: F401  (the services, psycopg_pool)
+    from pgqueue import migrate, queries
+
+    migrate.revisions()  # the revision files, read (and cached) once
+    queries.statements()  # sql/tasks.sql, likewise
+    if options.metrics_port is not None:
+        with contextlib.suppress(ImportError):  # missing: each child says so, as before
+            import prometheus_client  # noqa: F401
 
 
 def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
