@@ -17,6 +17,7 @@ import typer
 import typer.core
 import typer.main
 
+from pgqueue.cli.coercion import plain_coercion
 from pgqueue.config import resolve_database_url
 
 
@@ -105,11 +106,14 @@ class RootGroup(typer.core.TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._json_option = _after_command_option()
+        plain_coercion(self)  # the root's own options (--database-url, ...)
         for command in self.commands.values():
             self.with_json_option(command)
 
     def with_json_option(self, command: Any) -> Any:
-        """``command`` and every command below it, given ``--json`` (once)."""
+        """``command`` and every command below it, given ``--json`` (once), and the plain
+        coercion of their options (pgqueue/cli/coercion.py: no pydantic for plain values)."""
+        plain_coercion(command)
         option = self._json_option
         pending = [command]
         while pending:

@@ -134,3 +134,16 @@ def test_the_revisions_read_from_their_files_are_alembics() -> None:
     assert migrate.revisions() == by_alembic
     assert migrate.head() == script.get_current_head()
     assert migrate.known(migrate.head()) and not migrate.known("not_a_revision")
+
+
+def test_a_worker_reads_its_options_without_pydantic() -> None:
+    # typer coerces option values with pydantic (100 ms of imports, a fifth of a worker's
+    # start); pgqueue/cli/coercion.py answers for plain values. The URL points nowhere: the
+    # options are read, then the connection is refused.
+    modules = _imports(
+        *("-m", "pgqueue", "--database-url", "postgresql://u@127.0.0.1:1/x", "worker"),
+        *("pgqueue.demo:tasks", "--startup-timeout", "0", "--concurrency", "3", "-q", "a"),
+        code=1,
+    )
+    assert "pgqueue.worker.service" in modules
+    assert among(modules, {"pydantic", "pydantic_core"}) == []
