@@ -174,7 +174,14 @@ def downgrade(target: Connection | str | None = None, revision: str = "base") ->
 
 def check(target: Connection | str | None = None) -> None:
     """Raise SchemaNotReady unless the database is at this pgqueue's head revision."""
-    at, want = current(target), head()
+    check_revision(current(target))
+
+
+def check_revision(at: str | None) -> None:
+    """Raise SchemaNotReady unless ``at``, the revision a database is at (None: never
+    migrated), is this pgqueue's head: :func:`check` once the revision is read (the worker
+    reads it on a connection of its own)."""
+    want = head()
     if at is None:
         raise SchemaNotReady(
             "the pgqueue schema is not installed in this database; run `pgqueue migrate`"

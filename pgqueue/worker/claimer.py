@@ -72,6 +72,9 @@ class Claimer:
         self._declarations = list(declarations)
         self._limits_checked = -LIMITS_RECHECK_SECONDS
         self._marked = False
+        # Set once the first claim has been tried: what can wait for it waits (maintenance),
+        # so that it does not compete with the first claim for connections.
+        self.first_claim_tried = asyncio.Event()
         self.starts = ClaimStarts(config.poll_interval, config.lease_seconds)
 
     async def run(self) -> None:
@@ -108,6 +111,7 @@ class Claimer:
         claimed = await self._db.call(
             lambda c: self._metrics.claim_timed(self._claim(c, want)), attempts=1
         )
+        self.first_claim_tried.set()
         if claimed is not None:
             for task in claimed:
                 self._start(task)

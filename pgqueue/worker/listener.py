@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
@@ -44,14 +45,32 @@ class Listener:
         self._on_cancel = on_cancel
         self._on_connect = on_connect
         self._on_released = on_released
+        self._adopted: psycopg.AsyncConnection[Any] | None = None
+
+    def adopt(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Listen first on ``conn`` (autocommit), an open connection the worker has no more
+        use for (its start-up check's), instead of opening one."""
+        self._adopted = conn
+
+    async def close(self) -> None:
+        """Close an adopted connection ``run`` never took (it was cancelled first)."""
+        conn, self._adopted = self._adopted, None
+        if conn is not None:
+            await conn.close()
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        conn, self._adopted = self._adopted, None
+        if conn is not None and not conn.closed:
+            return conn
+        return await psycopg.AsyncConnection.connect(
+            self.database_url, autocommit=True, connect_timeout=10
+        )
 
     async def run(self) -> None:
         delay = 0.2
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.database_url, autocommit=True, connect_timeout=10
-                )
+                conn = await self._connect()
                 async with conn:
                     if self._on_cancel is not None:
                         await conn.execute(f"LISTEN {CANCEL_CHANNEL}")

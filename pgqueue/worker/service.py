@@ -14,12 +14,14 @@ import signal
 import time
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from pgqueue import aio, migrate
+from pgqueue import aio, db, migrate
 from pgqueue.config import max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
+from pgqueue.queries import arun, schema_revision
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.claimer import Claimer
@@ -151,13 +153,20 @@ class Worker:
 
     async def _run(self, install_signal_handlers: bool) -> None:
         cfg = self.config
-        await self._wait_for_database()
+        conn, autovacuum = await self._wait_for_database()
+        # The check's connection is the listener's: one connection (a server process) fewer
+        # to open while the worker starts.
+        self._listener.adopt(conn)
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal)
-        pool = await self._db.open()
-        self._runner.open()
+        try:
+            pool = await self._db.open()
+            self._runner.open()
+        except BaseException:
+            await self._listener.close()
+            raise
         event(
             "worker.started",
             worker=cfg.worker_id,
@@ -167,7 +176,14 @@ class Worker:
             handlers=",".join(self.registry.types),
         )
         helpers = self._start_helpers(pool)
-        await self._check_server()
+        if autovacuum == "off":
+            event(
+                "worker.autovacuum_off",
+                logging.WARNING,
+                worker=cfg.worker_id,
+                note="the server has autovacuum off: every claim and completion leaves a dead "
+                "row, and pgqueue.tasks will grow and slow down unless it is vacuumed",
+            )
         try:
             await self._claimer.run()
             await self._drain()
@@ -196,24 +212,28 @@ class Worker:
             helpers.append(asyncio.create_task(self._scheduler.run(), name="scheduler"))
         if cfg.maintenance.enabled:
             maintenance = Maintenance(cfg.maintenance, metrics=self.metrics)
-            helpers.append(
-                asyncio.create_task(maintenance.run(pool, self._stop.requested), name="maintenance")
-            )
+
+            async def maintain() -> None:
+                # After the first claim, not beside it: the claim needs a connection first.
+                await self._claimer.first_claim_tried.wait()
+                await maintenance.run(pool, self._stop.requested)
+
+            helpers.append(asyncio.create_task(maintain(), name="maintenance"))
         return helpers
 
-    async def _wait_for_database(self) -> None:
+    async def _wait_for_database(self) -> tuple[psycopg.AsyncConnection[Any], str]:
         """Refuse a schema behind head, waiting up to ``startup_timeout`` for a database that
         is down or starting up. A running worker rides out an outage; one that starts during
         it should too, rather than exit and be restarted in a loop by its supervisor (whose
         backoff grows to minutes). A refusal that waiting cannot cure (wrong password, no
-        such database) still fails at once."""
+        such database) still fails at once. Returns the connection checked on, still open,
+        and the server's autovacuum setting."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.startup_timeout
         delay = 0.2
         while True:
             try:
-                await asyncio.to_thread(migrate.check, self.database_url)
-                return
+                return await self._checked_connection()
             except DatabaseUnavailable as exc:
                 if not exc.transient or loop.time() + delay > deadline:
                     raise
@@ -228,25 +248,24 @@ class Worker:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def _check_server(self) -> None:
-        """Warn about server settings that hurt a queue table over time."""
-
-        async def autovacuum(conn: Any) -> str:
+    async def _checked_connection(self) -> tuple[psycopg.AsyncConnection[Any], str]:
+        """A connection on which the schema was found at head (``migrate.check``'s rule), and
+        the server's autovacuum setting, read on it too: a queue table without vacuum grows
+        and slows down, which the worker warns about once it has started."""
+        conn = await db.aconnect(self.database_url, autocommit=True)
+        try:
+            migrate.check_revision(await arun(conn, schema_revision()))
             cur = await conn.execute("SELECT current_setting('autovacuum')")
             row = await cur.fetchone()
-            return str(row[0]) if row else "on"
-
-        if await self._db.call(autovacuum, attempts=1) == "off":
-            event(
-                "worker.autovacuum_off",
-                logging.WARNING,
-                worker=self.config.worker_id,
-                note="the server has autovacuum off: every claim and completion leaves a dead "
-                "row, and pgqueue.tasks will grow and slow down unless it is vacuumed",
-            )
+        except BaseException:
+            await conn.close()
+            raise
+        return conn, str(row[0]) if row else "on"
 
     async def _close(self) -> None:
         self._runner.close()
+        with contextlib.suppress(Exception):
+            await self._listener.close()  # its connection, if it was stopped before taking it
         for pool in (self._pools.async_pool, self._db.pool):
             if pool is not None:
                 with contextlib.suppress(Exception):
