@@ -323,6 +323,8 @@ def _preload(options: WorkerOptions) -> None:
     migrate.revisions()  # the revision files, read (and cached) once
     queries.statements()  # sql/tasks.sql, likewise
     if options.metrics_port is not None:
+        import http.server  # noqa: F401  (the metrics server's)
+
         with contextlib.suppress(ImportError):  # missing: each child says so, as before
             import prometheus_client  # noqa: F401
 

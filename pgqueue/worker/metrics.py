@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import http.server
 import logging
 import math
 import threading
@@ -36,6 +35,8 @@ from pgqueue.operations import backlog
 from pgqueue.worker.results import MaintenanceResult
 
 if TYPE_CHECKING:
+    import http.server
+
     from prometheus_client.metrics_core import Metric
 
 T = TypeVar("T")
@@ -276,6 +277,8 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self._beat_task = asyncio.get_running_loop().create_task(
             self._beat(), name="metrics-heartbeat"
         )
+        import http.server  # only with a metrics port (not at every worker's start)
+
         handler = _handler_class(self)
         try:
             self._server = http.server.ThreadingHTTPServer((self.host, self.port), handler)
@@ -321,6 +324,8 @@ class PrometheusWorkerMetrics(WorkerMetrics):
 
 
 def _handler_class(metrics: PrometheusWorkerMetrics) -> type[http.server.BaseHTTPRequestHandler]:
+    import http.server
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.partition("?")[0]
