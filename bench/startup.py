@@ -22,8 +22,10 @@ from round to round, and each ratio (tree ÷ base) is taken within a round befor
   before the launch; the claim's ``started_at`` against the wall clock at ``Popen``), for
   ``--processes 1``, ``2`` and ``4`` (``--worker-processes``): with N > 1, each child's first
   claim, reported as the first child's, the median child's and the last child's (one task
-  per child, held for 3 s, at concurrency 1, so that no child can take two). Each tree gets
-  a database of its own, migrated by that tree. ``--worker-only`` skips the other cases.
+  per child, held for 3 s, at concurrency 1, so that no child can take two), and the CPU
+  time its processes (the supervisor and the children: the session) had used when the last
+  child had claimed, less noisy than the wall time on a shared machine. Each tree gets a
+  database of its own, migrated by that tree. ``--worker-only`` skips the other cases.
 
 ``--bytecode as-is`` keeps this environment's setting (here ``PYTHONDONTWRITEBYTECODE=1``:
 an editable checkout compiles pgqueue's sources at every start); ``cached`` gives each
@@ -228,8 +230,9 @@ class WorkerBench:
             for name in self.names:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    def first_claims(self, tree: Tree, processes: int) -> list[float]:
-        """Seconds from exec to each child's first claim, in order."""
+    def first_claims(self, tree: Tree, processes: int) -> tuple[list[float], float]:
+        """Seconds from exec to each child's first claim, in order, and the CPU seconds its
+        processes (the supervisor and its children) had used once the last had claimed."""
         url, queue = self.urls[tree.name], f"startup_{uuid.uuid4().hex[:8]}"
         with psycopg.connect(url, autocommit=True) as conn:
             # Enqueued with this tree's pgqueue: the trees' schemas are alike (same head).
@@ -250,6 +253,7 @@ class WorkerBench:
             )
             try:
                 claims = self._await_claims(conn, queue, processes)
+                cpu = session_cpu(proc.pid)
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
@@ -257,7 +261,7 @@ class WorkerBench:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-        return sorted(at.timestamp() - launched for at in claims)
+        return sorted(at.timestamp() - launched for at in claims), cpu
 
     @staticmethod
     def _await_claims(conn: Any, queue: str, processes: int) -> list[datetime]:
@@ -272,6 +276,20 @@ class WorkerBench:
                 return [r[1] for r in rows]
             time.sleep(0.01)
         raise RuntimeError(f"no {processes} first claims in 60 s on queue {queue}")
+
+
+def session_cpu(session: int) -> float:
+    """CPU seconds (user + system) of the running processes of ``session`` (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[3]) == session:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 # --- rounds and the report ------------------------------------------------------------------
@@ -393,13 +411,15 @@ def main() -> None:
             def claims(tree: Tree) -> dict[str, float]:
                 out = {}
                 for processes in args.worker_processes:
-                    each = bench.first_claims(tree, processes)
+                    each, cpu = bench.first_claims(tree, processes)
+                    name = f"--processes {processes}"
                     if processes == 1:
-                        out["--processes 1: first claim"] = each[0]
-                        continue
-                    out[f"--processes {processes}: first child's first claim"] = each[0]
-                    out[f"--processes {processes}: median child's"] = statistics.median(each)
-                    out[f"--processes {processes}: last child's"] = each[-1]
+                        out[f"{name}: first claim"] = each[0]
+                    else:
+                        out[f"{name}: first child's first claim"] = each[0]
+                        out[f"{name}: median child's"] = statistics.median(each)
+                        out[f"{name}: last child's"] = each[-1]
+                    out[f"{name}: CPU of its processes by then (all cores)"] = cpu
                 return out
 
             print("\nWorker, exec to first claim (ms):\n")
