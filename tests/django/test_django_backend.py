@@ -303,3 +303,34 @@ def test_a_task_waiting_for_its_parents_is_ready_to_django(worker: DjangoWorker,
     pgqueue.cancel(pg, parent.id)
     pg.commit()
     assert add.get_result(str(child.id)).status == "FAILED"
+
+
+def test_pgqueue_worker_django_processes_runs_tasks_with_the_orm_in_forked_children(
+    django_database_url: str, tmp_path: Path
+) -> None:
+    """``--processes 2``: the supervisor set Django up and imported the tasks once; each
+    child, forked from it (Linux), runs tasks through the ORM on connections of its own."""
+    import json
+
+    from shop.models import Order
+    from shop.tasks import process_order
+
+    orders = [Order.objects.create() for _ in range(6)]
+    # On a queue the module's own worker (default) does not take.
+    ids = [process_order.using(queue_name="ordered").enqueue(o.id).id for o in orders]
+    argv = [sys.executable, "-m", "pgqueue", "worker", "--django", "--processes", "2"]
+    argv += ["--queue", "ordered"]
+    argv += ["--log-format", "json", "--poll-interval", "0.2"]
+    fleet = DjangoWorker(argv, django_database_url, tmp_path / "fleet.log")
+    try:
+        results = [finished(process_order, task_id) for task_id in ids]
+    finally:
+        fleet.stop()
+    assert all(r.status == "SUCCESSFUL" for r in results), fleet.text()
+    assert fleet.proc.returncode == 0, fleet.text()
+    events = [json.loads(line) for line in fleet.text().splitlines() if line.startswith("{")]
+    started = [e for e in events if e["event"] == "worker.process_started"]
+    expected = "fork" if sys.platform == "linux" else "spawn"
+    assert [e["start"] for e in started] == [expected, expected], fleet.text()
+    assert not [e for e in events if e["event"] == "worker.fork_unsafe"], fleet.text()
+    assert Order.objects.filter(id__in=[o.id for o in orders], processed=True).count() == 6
