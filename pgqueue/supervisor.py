@@ -232,6 +232,10 @@ class Supervisor:
         self.children[slot] = proc
         self.started_at[slot] = time.monotonic()
         event("worker.process_started", slot=slot, pid=proc.pid, start=method)
+        if self.signals:
+            # The handler ran after the caller's look at self.signals and before the child
+            # was in self.children (so it was not told): tell it now.
+            proc.send_signal(signal.SIGTERM if self.signals == 1 else signal.SIGINT)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals += 1
@@ -243,9 +247,10 @@ class Supervisor:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         # All at once: each child's start (its connections, its schema check) runs beside
-        # the others'.
+        # the others'. None after a stop signal: it would never be passed one.
         for slot in range(self.processes):
-            self._start(slot)
+            if not self.signals:
+                self._start(slot)
         while True:
             if self.signals:
                 for proc in self.children.values():

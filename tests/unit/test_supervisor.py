@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -136,3 +137,32 @@ def test_a_child_reaped_elsewhere_is_not_waited_for_forever() -> None:
     child = supervisor.fork(lambda: 7)
     os.waitpid(child.pid, 0)
     assert child.wait() == 0  # its code is lost; as subprocess.Popen answers then
+
+
+def _signal_the_supervisor_then_wait(slot: int) -> int:
+    if slot == 0:
+        os.kill(os.getppid(), signal.SIGTERM)
+    # Until the supervisor passes a stop signal on, which ends the child; one it never passes
+    # on shows as an exit code of 0 (and the supervisor does not wait for it forever).
+    time.sleep(20)
+    return 0
+
+
+@linux_only
+@pytest.mark.timeout(60)
+def test_no_child_is_started_after_a_stop_signal_so_none_is_left_unsignalled() -> None:
+    """A SIGTERM while the children are being forked: the supervisor starts no more of them
+    (a child started after the signal would never get it, and the supervisor would wait for
+    it forever)."""
+    saved = {sig: signal.getsignal(sig) for sig in supervisor.STOP_SIGNALS}
+    try:
+        fleet = supervisor.Supervisor(
+            [], 6, run_forked=_signal_the_supervisor_then_wait, method="fork"
+        )
+        assert fleet.run() == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert fleet.signals == 1
+    # Each child started was passed the signal (which ends it: no handler of its own).
+    assert {child.returncode for child in fleet.children.values()} == {-signal.SIGTERM}
