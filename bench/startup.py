@@ -255,12 +255,11 @@ class WorkerBench:
                 claims = self._await_claims(conn, queue, processes)
                 cpu = session_cpu(proc.pid)
             finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                # Killed, not stopped: a graceful stop would wait out the held tasks, and
+                # nothing after the claims is measured (the queue is this launch's alone).
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                _await_session_gone(proc.pid)
         return sorted(at.timestamp() - launched for at in claims), cpu
 
     @staticmethod
@@ -276,6 +275,23 @@ class WorkerBench:
                 return [r[1] for r in rows]
             time.sleep(0.01)
         raise RuntimeError(f"no {processes} first claims in 60 s on queue {queue}")
+
+
+def _await_session_gone(session: int, timeout: float = 20) -> None:
+    """Until the killed session's processes are gone: the next launch must not share the
+    cores with them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            alive = alive or (int(fields[3]) == session and fields[0] != "Z")
+        if not alive:
+            return
+        time.sleep(0.05)
 
 
 def session_cpu(session: int) -> float:
