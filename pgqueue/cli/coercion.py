@@ -17,7 +17,6 @@ that lacks them, nothing is replaced and typer coerces everything, as before.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from typing import Any, get_args, get_origin
@@ -85,9 +84,10 @@ def applies(descriptor: Any) -> bool:
 
 if RuntimeParam is not None:
 
-    @dataclasses.dataclass(frozen=True)
     class PlainRuntimeParam(RuntimeParam):
-        """A parameter's coercion: :func:`plain_value`, else typer's own (built only then)."""
+        """A parameter's coercion: :func:`plain_value`, else typer's own (built only then).
+        Its fields and ``__init__`` are RuntimeParam's (a frozen dataclass): no decorator,
+        whose generated methods would cost every command's start a millisecond."""
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
             plain = plain_value(self.annotation, self.parameter_info, value)
