@@ -23,6 +23,9 @@ from pgqueue.worker.state import StopRequest
 
 T = TypeVar("T")
 
+# A worker holds 2 to 4 connections whatever its concurrency.
+POOL_MIN, POOL_MAX = 2, 4
+
 RETRYABLE = (psycopg.OperationalError, psycopg.errors.AdminShutdown, DatabaseUnavailable)
 
 
@@ -37,16 +40,23 @@ class Database:
         self._stop = stop
 
     async def open(self) -> AsyncConnectionPool[Any]:
+        """The pool, opening: with one connection first (what the first claim needs), the
+        second once :meth:`started` (a server process fewer to start beside the claim)."""
         self.pool = AsyncConnectionPool(
             self.database_url,
-            min_size=2,
-            max_size=4,
+            min_size=1,
+            max_size=POOL_MAX,
             open=False,
             kwargs={"autocommit": True, "connect_timeout": 10},
             name="pgqueue-worker",
         )
         await self.pool.open(wait=False)
         return self.pool
+
+    async def started(self) -> None:
+        """The first claim is done: the pool's own size from now on."""
+        if self.pool is not None:
+            await self.pool.resize(POOL_MIN, POOL_MAX)
 
     async def call(
         self, fn: Callable[[Any], Awaitable[T]], *, attempts: int | None = None

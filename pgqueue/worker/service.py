@@ -219,6 +219,12 @@ class Worker:
                 await maintenance.run(pool, self._stop.requested)
 
             helpers.append(asyncio.create_task(maintain(), name="maintenance"))
+
+        async def grow_pool() -> None:
+            await self._claimer.first_claim_tried.wait()
+            await self._db.started()
+
+        helpers.append(asyncio.create_task(grow_pool(), name="pool-size"))
         return helpers
 
     async def _wait_for_database(self) -> tuple[psycopg.AsyncConnection[Any], str]:

@@ -74,3 +74,32 @@ def test_the_listener_listens_on_the_connection_it_was_given(database_url: str) 
         return str(row[0]) if row else ""
 
     assert asyncio.run(scenario()) == "LISTEN pgqueue"
+
+
+def test_the_pool_opens_its_second_connection_once_the_first_claim_is_done(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The pool opens with one connection (what the first claim needs: a server process fewer
+    to start beside it) and keeps its minimum of two afterwards: the worker then holds the
+    listener's connection and two of the pool's, as before."""
+    tasks = pgqueue.TaskRegistry()
+
+    @tasks.handler("noop")
+    def noop(payload: Any, ctx: Any) -> None:
+        return None
+
+    task_id = pgqueue.enqueue(conn, "noop", {}).task.id
+
+    def backends() -> list[str]:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        ).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    def done() -> bool:
+        finished = pgqueue.get_task(conn, task_id).status == pgqueue.TaskStatus.COMPLETED
+        return finished and len(backends()) >= 3
+
+    run_worker_until(database_url, tasks, done)
