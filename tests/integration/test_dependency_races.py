@@ -51,6 +51,39 @@ def wait_until_blocked_or_done(
     pytest.fail("the second writer neither waited for the first nor finished")
 
 
+def race(
+    connect: Connect,
+    first: tuple[psycopg.Connection[Any], Callable[[], None]],
+    second: tuple[psycopg.Connection[Any], Callable[[], None]],
+) -> None:
+    """Run ``first``'s write and keep its transaction open; run ``second``'s in a thread until
+    it waits for a lock the first holds (or has finished); then commit the first. Neither may
+    fail or deadlock."""
+    (holder, hold), (waiter, wait) = first, second
+    hold()  # its transaction stays open, its locks held
+    errors: list[BaseException] = []
+
+    def run_second() -> None:
+        try:
+            wait()
+            waiter.commit()
+        except BaseException as exc:
+            errors.append(exc)
+            waiter.rollback()
+
+    thread = threading.Thread(target=run_second)
+    thread.start()
+    try:
+        wait_until_blocked_or_done(
+            connect(), waiter.info.backend_pid, holder.info.backend_pid, thread
+        )
+    finally:
+        holder.commit()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert errors == []
+
+
 @pytest.mark.parametrize("first", ["completion", "cancel"])
 @pytest.mark.parametrize("cancelled", ["child", "workflow", "other_parent"])
 def test_a_parents_completion_and_a_cancel_in_concurrent_transactions_end_the_child_once(
@@ -78,31 +111,8 @@ def test_a_parents_completion_and_a_cancel_in_concurrent_transactions_end_the_ch
         else:
             pgqueue.cancel(canceller, other.id)
 
-    holder, waiter = (completer, canceller) if first == "completion" else (canceller, completer)
-    hold, wait = (complete, cancel) if first == "completion" else (cancel, complete)
-    hold()  # its transaction stays open, its locks held
-
-    errors: list[BaseException] = []
-
-    def second() -> None:
-        try:
-            wait()
-            waiter.commit()
-        except BaseException as exc:
-            errors.append(exc)
-            waiter.rollback()
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    try:
-        wait_until_blocked_or_done(
-            connect(), waiter.info.backend_pid, holder.info.backend_pid, thread
-        )
-    finally:
-        holder.commit()
-        thread.join(60)
-    assert not thread.is_alive()
-    assert errors == []
+    sides = [(completer, complete), (canceller, cancel)]
+    race(connect, *(sides if first == "completion" else sides[::-1]))
 
     task = pgqueue.get_task(setup, child.id)
     assert task.status is TaskStatus.CANCELLED
@@ -143,30 +153,8 @@ def test_a_replay_and_another_parents_completion_in_concurrent_transactions(
     def replay() -> None:
         assert pgqueue.replay(replayer, [dead.id]) == [dead.id]
 
-    holder, waiter = (completer, replayer) if first == "completion" else (replayer, completer)
-    hold, wait = (complete, replay) if first == "completion" else (replay, complete)
-    hold()
-    errors: list[BaseException] = []
-
-    def second() -> None:
-        try:
-            wait()
-            waiter.commit()
-        except BaseException as exc:
-            errors.append(exc)
-            waiter.rollback()
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    try:
-        wait_until_blocked_or_done(
-            connect(), waiter.info.backend_pid, holder.info.backend_pid, thread
-        )
-    finally:
-        holder.commit()
-        thread.join(60)
-    assert not thread.is_alive()
-    assert errors == []
+    sides = [(completer, complete), (replayer, replay)]
+    race(connect, *(sides if first == "completion" else sides[::-1]))
     task = pgqueue.get_task(setup, child.id)
     assert (task.status, task.cancelled_by, task.parents_pending) == (TaskStatus.WAITING, None, 1)
     (again,) = pgqueue.claim(setup, ["default"], limit=10, worker_id="w")
