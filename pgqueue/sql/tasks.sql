@@ -1459,10 +1459,10 @@ SELECT kind, holder, pid, state, seconds, xid_age
 -- locked in id order and marked has_dependants, so that none can finish between this read
 -- and the commit, and the statement that finishes it settles these edges
 -- (task_dependants_settle); one already final is counted here (and marked all the same: a
--- dead letter's replay revives the dependants it doomed, task_dependants_revive). A parent inserted
--- by this statement is marked as it is inserted. The lock is FOR NO KEY UPDATE, the one the
--- mark's UPDATE needs: two inserts sharing a parent take turns instead of deadlocking on an
--- upgrade from a shared lock. A task is inserted
+-- dead letter's replay revives the dependants it doomed, task_dependants_revive). A parent
+-- inserted by this statement is marked as it is inserted. The lock is FOR NO KEY UPDATE, the
+-- one the mark's UPDATE needs: two inserts sharing a parent take turns instead of
+-- deadlocking on an upgrade from a shared lock. A task is inserted
 -- 'waiting' (some parent not final), 'queued' (every parent completed, or final for a
 -- run-anyway task) or 'cancelled' (a parent failed or was cancelled). A parent not found
 -- makes the statement insert nothing and name it (missing).
