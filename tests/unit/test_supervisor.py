@@ -150,10 +150,15 @@ def _signal_the_supervisor_then_wait(slot: int) -> int:
 
 @linux_only
 @pytest.mark.timeout(60)
-def test_no_child_is_started_after_a_stop_signal_so_none_is_left_unsignalled() -> None:
+def test_no_child_is_started_after_a_stop_signal_so_none_is_left_unsignalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A SIGTERM while the children are being forked: the supervisor starts no more of them
     (a child started after the signal would never get it, and the supervisor would wait for
-    it forever)."""
+    it forever). The test runs inside pytest's process, where earlier tests may have left
+    threads (the fork check would then spawn, and this fleet has no command to spawn): the
+    fork is forced, its children run only the function below."""
+    monkeypatch.setattr(supervisor, "fork_hazard", lambda: None)
     saved = {sig: signal.getsignal(sig) for sig in supervisor.STOP_SIGNALS}
     try:
         fleet = supervisor.Supervisor(
