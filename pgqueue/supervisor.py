@@ -21,6 +21,7 @@ one at import), or when ``PGQUEUE_WORKER_START_METHOD=spawn`` says so. Each chil
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import logging
@@ -146,8 +147,10 @@ def _stop_signals_blocked() -> Iterator[None]:
 
 
 def fork(run: Callable[[], int]) -> ForkedChild:
-    """``run()`` in a forked child, whose exit code is what it returns. The child exits with
-    ``os._exit``: the supervisor's own exit handlers and buffers are not the child's."""
+    """``run()`` in a forked child, whose exit code is what it returns. The child runs the
+    exit handlers registered before the fork (atexit), as a spawned child would have run
+    those its own imports registered (the app's task module, say, imported once by the
+    supervisor here), then exits with ``os._exit``, leaving the supervisor's buffers alone."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -172,6 +175,8 @@ def fork(run: Callable[[], int]) -> ForkedChild:
             except BaseException:
                 traceback.print_exc()
             finally:
+                with contextlib.suppress(BaseException):
+                    atexit._run_exitfuncs()
                 for stream in (sys.stdout, sys.stderr):
                     with contextlib.suppress(Exception):
                         stream.flush()
