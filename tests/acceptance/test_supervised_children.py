@@ -57,6 +57,41 @@ def children_started(worker: WorkerProcess) -> dict[int, dict[str, Any]]:
     }
 
 
+def drained_by_two_children(
+    db: psycopg.Connection[Any],
+    database_url: str,
+    workers: Workers,
+    ids: list[Any],
+    *,
+    start_timeout: float,
+    registry: str = "handlers:tasks",
+) -> tuple[WorkerProcess, dict[int, dict[str, Any]]]:
+    """A supervisor of two children started, both children's start events seen, and the tasks
+    ``ids`` completed: the supervisor and its children's start events, by pid."""
+    supervisor = workers.start(
+        database_url,
+        *("--processes", "2", "--log-format", "json", *FAST),
+        name="supervisor",
+        registry=registry,
+    )
+    children = wait_until(
+        lambda: len(children_started(supervisor)) == 2 and children_started(supervisor),
+        timeout=start_timeout,
+        what="both children to start their worker",
+        workers=workers,
+        alive=[supervisor],
+    )
+    wait_until(
+        lambda: all_in_status(db, ids, "completed"),
+        timeout=30,
+        what="the tasks to complete",
+        workers=workers,
+        alive=[supervisor],
+    )
+    assert isinstance(children, dict)
+    return supervisor, children
+
+
 def sockets_and_threads(pid: int) -> tuple[list[str], int]:
     """The open sockets (beyond stdin, stdout and stderr) and the thread count of ``pid``."""
     sockets = []
@@ -75,23 +110,7 @@ def test_children_are_forked_each_with_its_own_connections_and_the_supervisor_ho
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
     ids = enqueue(db, *({"type": "noop", "payload": {"n": i}} for i in range(20)))
-    supervisor = workers.start(
-        database_url, "--processes", "2", "--log-format", "json", *FAST, name="supervisor"
-    )
-    children = wait_until(
-        lambda: len(children_started(supervisor)) == 2 and children_started(supervisor),
-        timeout=30,
-        what="both children to start their worker",
-        workers=workers,
-        alive=[supervisor],
-    )
-    wait_until(
-        lambda: all_in_status(db, ids, "completed"),
-        timeout=30,
-        what="the tasks to complete",
-        workers=workers,
-        alive=[supervisor],
-    )
+    supervisor, children = drained_by_two_children(db, database_url, workers, ids, start_timeout=30)
     assert {e["start"] for e in children.values()} == {"fork"}
     assert sorted(e["slot"] for e in children.values()) == [0, 1]
     assert supervisor.pid not in children
@@ -233,23 +252,7 @@ def test_children_start_as_fresh_interpreters_with_start_method_spawn(
 ) -> None:
     monkeypatch.setenv("PGQUEUE_WORKER_START_METHOD", "spawn")
     ids = enqueue(db, *({"type": "noop", "payload": {"n": i}} for i in range(10)))
-    supervisor = workers.start(
-        database_url, "--processes", "2", "--log-format", "json", *FAST, name="supervisor"
-    )
-    children = wait_until(
-        lambda: len(children_started(supervisor)) == 2 and children_started(supervisor),
-        timeout=60,
-        what="both children to start their worker",
-        workers=workers,
-        alive=[supervisor],
-    )
-    wait_until(
-        lambda: all_in_status(db, ids, "completed"),
-        timeout=30,
-        what="the tasks to complete",
-        workers=workers,
-        alive=[supervisor],
-    )
+    supervisor, children = drained_by_two_children(db, database_url, workers, ids, start_timeout=60)
     assert {e["start"] for e in children.values()} == {"spawn"}
     for pid in children:
         command_line = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -277,25 +280,8 @@ def test_a_registry_that_opened_a_socket_at_import_gets_spawned_children(
 ) -> None:
     (tmp_path / "socket_handlers.py").write_text(SOCKET_AT_IMPORT, encoding="utf-8")
     ids = enqueue(db, *({"type": "noop", "payload": {"n": i}} for i in range(10)))
-    supervisor = workers.start(
-        database_url,
-        *("--processes", "2", "--log-format", "json", *FAST),
-        name="supervisor",
-        registry="socket_handlers:tasks",
-    )
-    children = wait_until(
-        lambda: len(children_started(supervisor)) == 2 and children_started(supervisor),
-        timeout=60,
-        what="both children to start their worker",
-        workers=workers,
-        alive=[supervisor],
-    )
-    wait_until(
-        lambda: all_in_status(db, ids, "completed"),
-        timeout=30,
-        what="the tasks to complete",
-        workers=workers,
-        alive=[supervisor],
+    supervisor, children = drained_by_two_children(
+        db, database_url, workers, ids, start_timeout=60, registry="socket_handlers:tasks"
     )
     assert {e["start"] for e in children.values()} == {"spawn"}
     [warning] = events(supervisor, "worker.fork_unsafe")  # said once, not per child
