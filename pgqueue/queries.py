@@ -103,12 +103,18 @@ Op = Generator[Query | Copy, list[Row], T]
 
 @functools.cache
 def statements() -> dict[str, str]:
-    """Named statements from sql/tasks.sql."""
+    """Named statements from sql/tasks.sql, without their comment lines.
+
+    The comments are for readers of the file; sent to the server they were most of each
+    statement's bytes, and psycopg keeps its parsed form of a query (placeholders found,
+    converted) only for texts of at most 4 KiB: the claim, with its comments, was re-parsed
+    on every call."""
     text = resources.files("pgqueue.sql").joinpath("tasks.sql").read_text(encoding="utf-8")
     out: dict[str, str] = {}
     for chunk in re.split(r"^-- name: ", text, flags=re.M)[1:]:
         name, _, body = chunk.partition("\n")
-        out[name.strip()] = body.strip()
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        out[name.strip()] = "\n".join(line for line in lines if line.strip()).strip()
     return out
 
 
