@@ -251,7 +251,14 @@ SELECT * FROM pgqueue.tasks
 -- The limits are probed by primary key (NOT EXISTS), not compared with an array of their
 -- names: for `type <> ALL(array)` the planner guesses that almost no task passes, and then
 -- reads and sorts the whole backlog instead of walking the index.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- Committed without waiting for the WAL flush (synchronous_commit off for this transaction
+-- only), as the start mark is: a claim is a lease, not a promise. Only a crash of the server
+-- within a moment of it can forget it, and then the task is simply queued again, with that
+-- execution uncounted; any durable commit after it (the handler's own, its completion) makes
+-- it durable too, since the WAL is flushed in order. The flush was one of the two an idle
+-- pickup waited for; the submit's, which must stay, is the other.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                      set_config('synchronous_commit', 'off', true) AS async_commit),
 next AS (
     SELECT c.id
       FROM clock,
@@ -364,7 +371,10 @@ SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) AS locked;
 -- starts left in its sliding window (recent_starts). Then, per queue served, the first tasks
 -- in claim order that some open limit covers and no full one blocks; each limit's share is
 -- cut to its room by rank; what is claimed is appended to the rate limits' logs.
-WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- Committed without waiting for the WAL flush, as task_claim is (a server crash may then
+-- forget a start in a rate limit's log as well).
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                      set_config('synchronous_commit', 'off', true) AS async_commit),
 running AS MATERIALIZED (
     SELECT type, queue FROM pgqueue.tasks WHERE status = 'running'
 ),

@@ -1,0 +1,80 @@
+"""Which commits wait for the WAL flush (issue 20). A submit, a completion and a failure do:
+once they return, a crash of the server keeps them. A claim and its start mark do not: each
+sets synchronous_commit off for its own transaction, which saves the idle pickup one durable
+commit. The statement itself says so; these tests read the setting inside each transaction,
+after the statement, where the commit will read it, and check that it goes no further."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import pgqueue
+from pgqueue import queries
+
+
+def commit_waits_for_flush(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    assert row is not None
+    return bool(row[0] != "off")
+
+
+def claim(conn: psycopg.Connection[Any], owner: str = "w") -> pgqueue.ClaimedTask:
+    (task,) = queries.run(
+        conn, queries.task_claim(queues=["default"], limit=1, owner=owner, lease_seconds=30)
+    )
+    return task
+
+
+def test_the_claim_commits_without_waiting_for_the_flush_and_only_it(
+    conn: psycopg.Connection[Any], connect: Any
+) -> None:
+    pgqueue.enqueue(conn, "job", {})
+    worker = connect(autocommit=False)
+    assert commit_waits_for_flush(worker)  # the server's default, as CI's servers have it
+
+    claim(worker)
+    assert not commit_waits_for_flush(worker)  # what this transaction's commit will do
+    worker.commit()
+
+    assert commit_waits_for_flush(worker)  # the next transaction is durable again
+
+
+def test_the_limited_claim_commits_without_waiting_for_the_flush(
+    conn: psycopg.Connection[Any], connect: Any
+) -> None:
+    pgqueue.set_limit(conn, type="limited", max_running=5)
+    pgqueue.enqueue(conn, "limited", {})
+    worker = connect(autocommit=False)
+
+    op = queries.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=30)
+    (task,), _ = queries.run(worker, op)
+    assert task.type == "limited"  # claimed through task_claim_limited
+    assert not commit_waits_for_flush(worker)
+    worker.rollback()
+
+
+def test_the_start_mark_commits_without_waiting_for_the_flush(connect: Any) -> None:
+    worker = connect(autocommit=False)
+    queries.run(worker, queries.lease_starts_mark("w"))
+    assert not commit_waits_for_flush(worker)
+    worker.rollback()
+
+
+def test_submit_completion_and_failure_wait_for_the_flush(
+    conn: psycopg.Connection[Any], connect: Any
+) -> None:
+    producer = connect(autocommit=False)
+    pgqueue.enqueue(producer, "job", {})
+    pgqueue.enqueue_many(producer, [{"type": "job", "payload": {}}] * 2)
+    pgqueue.enqueue_columns(producer, "job", [{}, {}])
+    assert commit_waits_for_flush(producer)
+    producer.commit()
+
+    first, second = claim(conn), claim(conn)
+    outcome = connect(autocommit=False)
+    pgqueue.complete(outcome, first.lease, {"ok": True})
+    pgqueue.fail(outcome, second.lease, "boom")
+    assert commit_waits_for_flush(outcome)
+    outcome.commit()
