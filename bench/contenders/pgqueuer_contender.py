@@ -33,7 +33,6 @@ from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
 
-
 def encoded_payload() -> bytes:
     """The shared payload as PgQueuer takes it (bytes); after parse_args set its size."""
     return json.dumps(common.payload()).encode()
