@@ -138,15 +138,21 @@ TUNING = (
     "--concurrency 10, 25, 50, 100 (flat within the noise: 25, near its docs' example of 30), "
     "with a pool of concurrency + 4 connections (its default pool of 4 would make sub-workers "
     "wait for a connection). Bulk batches of 1,000, 5,000 and 10,000 were alike within the noise "
-    "for all three: 1,000 each. Oban (its queue limit, per process) and Chancy (its queue's "
-    "concurrency, per process): OBAN_CHANCY_TUNING. Override with --pgqueue-concurrency, "
+    "for all three: 1,000 each. Oban's queue limit and Chancy's queue concurrency (per process) "
+    "from a sweep of 50, 100, 200, 500 (10,000 tasks, drain_1 and drain, two interleaved rounds, "
+    "load 0.7-2.4): Oban 200 (2 processes: 6,300, 9,600, 11,500-12,000 and 5,800-8,400 tasks/s "
+    "from the first completion; 1 process flat at 4,300-5,700), Chancy 100 (its AsyncExecutor's "
+    "default; 100 to 500 alike within the noise, 50 a third slower; judged from worker launch, "
+    "since Chancy writes results once a second, which makes its first-completion rate jumpy), "
+    "with eager polling (without it, by its source, a queue fetches again only every 5 s or on a "
+    "push), bulk "
+    "batches 1,000 (both insert one row per statement, so the batch only sets transactions). "
+    "Override with --pgqueue-concurrency, "
     "--pgqueuer-batch-size, --procrastinate-concurrency, --oban-concurrency, "
     "--chancy-concurrency, --bulk-batch."
 )
-OBAN_CONCURRENCY = 100
+OBAN_CONCURRENCY = 200
 CHANCY_CONCURRENCY = 100
-OBAN_CHANCY_TUNING = "(not swept yet)"
-TUNING = TUNING.replace("OBAN_CHANCY_TUNING", OBAN_CHANCY_TUNING)
 CONTENDERS: dict[str, Contender] = {
     "pgqueue": Contender(
         "pgqueue",
