@@ -1,8 +1,11 @@
-"""pgqueue side by side with PgQueuer and Procrastinate, on a private PostgreSQL (issue 5).
+"""pgqueue side by side with PgQueuer, Procrastinate, Oban and Chancy, on a private PostgreSQL
+(issues 5 and 20).
 
     python -m bench.compare                  # the whole matrix once, default sizes
     python -m bench.compare --repeat 3       # three rounds, contenders interleaved
     python -m bench.compare --smoke          # CI: tiny sizes, pgqueue only, well under 60 s
+    python -m bench.compare --payload-bytes 2048 --scenarios drain_1,drain,enqueue_bulk
+                                             # the same with 2 KB payloads (its own section)
     python -m bench.compare --only pgqueue,pgqueue-base --base-tree ../pgqueue-before
                                              # this tree against an earlier checkout of it
 
@@ -10,22 +13,32 @@ Run it from the repository's virtualenv (it needs psycopg and the pixeltable-pgs
 PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
 
 * Each contender runs from its own virtualenv, created once under
-  ``~/.cache/pgqueue-bench/venvs`` (``--venv-dir``) and reused: PgQueuer and Procrastinate
-  from PyPI at the versions pinned below, pgqueue from this checkout (installed editable, so
-  a run measures the tree as it is; the commit and whether the tree was clean are recorded).
-  Nothing is shared between them but the standard-library helper ``contenders/_common.py``.
+  ``~/.cache/pgqueue-bench/venvs`` (``--venv-dir``) and reused: PgQueuer, Procrastinate, Oban
+  and Chancy from PyPI at the versions pinned below, pgqueue from this checkout (installed
+  editable, so a run measures the tree as it is; the commit and whether the tree was clean
+  are recorded). Oban needs Python >= 3.12: its venv is built from ``--oban-python``, else
+  the newest pyenv version, else python3.13/python3.12 on PATH; with none, Oban is skipped
+  (said on stderr and in the report). Nothing is shared between them but the standard-library
+  helper ``contenders/_common.py`` (which builds the payload: ``--payload-bytes``).
 * One private PostgreSQL for the whole run (``bench/private_postgres.py``): fsync and
   synchronous_commit on, so every figure is for durable commits. It is always stopped.
 * Every scenario of every contender gets a fresh database, a CHECKPOINT before it starts
   (so one step's dirty pages are not written during the next one's measurement), and a
   contender script run as a subprocess in its own process group, with a hard timeout after
   which the whole group is killed. The script prints one JSON line.
+* Scenarios: ``drain_1`` and ``drain`` (a backlog drained by 1 and by 2 worker processes,
+  timed from the first completion and from the workers' launch), ``enqueue_single``,
+  ``enqueue_bulk`` (plus a row for pgqueue's columnar ``enqueue_columns``, after
+  enqueue_many's) and ``latency`` (an idle worker).
 * The harness, not the contenders, checks what must hold: after a drain (and the latency
   run), every task ran exactly once, counted in ``bench_runs``, where each worker process
   writes the ids its handler saw when it shuts down; latency percentiles are computed here
   from the same table, from the enqueue time carried in the payload and the time the handler
   started (same machine, same clock).
-* Rounds interleave the contenders (pgqueue, PgQueuer, Procrastinate, pgqueue, ...) so each
+* No contender may skip durability: after each step its database must have no UNLOGGED
+  table but the bookkeeping ones a library's own schema creates so (Oban's and Chancy's
+  leader and heartbeat tables, by name) and no synchronous_commit or fsync override.
+* Rounds interleave the contenders (pgqueue, PgQueuer, Procrastinate, ..., pgqueue, ...) so each
   ratio compares figures taken minutes apart on the same server, not on different days.
 * ``--base-tree PATH`` (a git worktree or checkout of an earlier commit) adds one more
   contender, ``pgqueue-base``, labelled ``pgqueue @ <its short commit>``: the same contender
@@ -37,6 +50,7 @@ PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
 Results: printed as markdown tables, the section "Side by side with the peers" of
 bench/RESULTS.md rewritten (other sections untouched), the raw data saved as
 bench/results/compare-<UTC timestamp>.json. ``--smoke`` writes neither unless ``--write``.
+A run with another ``--payload-bytes`` writes a section of its own, named by the size.
 """
 
 from __future__ import annotations
@@ -82,10 +96,20 @@ DEFAULT_CACHE = Path("~/.cache/pgqueue-bench").expanduser()
 # --log-level option reaches setup_fancy_logger as a str: AttributeError 'str' ... 'name').
 PGQUEUER_REQUIREMENTS = ("pgqueuer==1.6.0", "asyncpg", "uvloop", "typer<0.29")
 PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", "psycopg[binary,pool]")
+# oban needs Python >= 3.12: its venv is built from such an interpreter (find_oban_python).
+OBAN_REQUIREMENTS = ("oban==0.7.0",)
+OBAN_MIN_PYTHON = (3, 12)
+# chancy's `chancy` command needs its "cli" extra (click); the binary psycopg as for the others.
+CHANCY_REQUIREMENTS = ("chancy[cli]==0.26.0", "psycopg[binary,pool]")
 
-SCENARIOS = ("drain", "enqueue_single", "enqueue_bulk", "latency")
+# drain_1 and drain: the same backlog drained by 1 and by 2 worker processes.
+SCENARIOS = ("drain_1", "drain", "enqueue_single", "enqueue_bulk", "latency")
+DRAIN_PROCESSES = {"drain_1": 1, "drain": 2}
 BASELINE = "bare_insert"
 BASE = "pgqueue-base"  # with --base-tree: pgqueue from an earlier checkout
+COLUMNS = "pgqueue-columns"  # enqueue_bulk only: pgqueue's script with enqueue_columns
+COLUMNS_LABEL = "pgqueue.enqueue_columns"
+DEFAULT_PAYLOAD_BYTES = 100  # the payload's data string, as in contenders/_common.py
 
 
 @dataclass(frozen=True)
@@ -95,8 +119,11 @@ class Contender:
     script: str
     distributions: tuple[str, ...]  # reported with their versions
     bulk_batch: int  # enqueue batch size, for enqueue_bulk and the drain's backlog
-    concurrency: int = 50  # per worker process (pgqueue, Procrastinate)
+    concurrency: int = 50  # per worker process (pgqueue, Procrastinate, Oban, Chancy)
     dequeue_batch: int = 10  # PgQueuer's --batch-size
+    # Bookkeeping tables the library's own schema creates UNLOGGED (leader election,
+    # heartbeats: no job data); the durability check allows these names and no others.
+    unlogged_ok: tuple[str, ...] = ()
 
 
 # Each contender's best settings here, from sweeps of the drain on this machine (TUNING says
@@ -111,9 +138,21 @@ TUNING = (
     "--concurrency 10, 25, 50, 100 (flat within the noise: 25, near its docs' example of 30), "
     "with a pool of concurrency + 4 connections (its default pool of 4 would make sub-workers "
     "wait for a connection). Bulk batches of 1,000, 5,000 and 10,000 were alike within the noise "
-    "for all three: 1,000 each. Override with --pgqueue-concurrency, --pgqueuer-batch-size, "
-    "--procrastinate-concurrency, --bulk-batch."
+    "for all three: 1,000 each. Oban's queue limit and Chancy's queue concurrency (per process) "
+    "from a sweep of 50, 100, 200, 500 (10,000 tasks, drain_1 and drain, two interleaved rounds, "
+    "load 0.7-2.4): Oban 200 (2 processes: 6,300, 9,600, 11,500-12,000 and 5,800-8,400 tasks/s "
+    "from the first completion; 1 process flat at 4,300-5,700), Chancy 100 (its AsyncExecutor's "
+    "default; 100 to 500 alike within the noise, 50 a third slower; judged from worker launch, "
+    "since Chancy writes results once a second, which makes its first-completion rate jumpy), "
+    "with eager polling (without it, by its source, a queue fetches again only every 5 s or on a "
+    "push), bulk "
+    "batches 1,000 (both insert one row per statement, so the batch only sets transactions). "
+    "Override with --pgqueue-concurrency, "
+    "--pgqueuer-batch-size, --procrastinate-concurrency, --oban-concurrency, "
+    "--chancy-concurrency, --bulk-batch."
 )
+OBAN_CONCURRENCY = 200
+CHANCY_CONCURRENCY = 100
 CONTENDERS: dict[str, Contender] = {
     "pgqueue": Contender(
         "pgqueue",
@@ -140,20 +179,39 @@ CONTENDERS: dict[str, Contender] = {
         bulk_batch=1000,
         concurrency=25,
     ),
+    "oban": Contender(
+        "oban",
+        "Oban",
+        "oban_contender.py",
+        ("oban", "psycopg", "psycopg-pool", "orjson", "uvloop"),
+        bulk_batch=1000,
+        concurrency=OBAN_CONCURRENCY,
+        unlogged_ok=("oban_leaders", "oban_producers"),
+    ),
+    "chancy": Contender(
+        "chancy",
+        "Chancy",
+        "chancy_contender.py",
+        ("chancy", "psycopg", "psycopg-pool"),
+        bulk_batch=1000,
+        concurrency=CHANCY_CONCURRENCY,
+        unlogged_ok=("chancy_leader", "chancy_workers", "chancy_queue_rate_limits"),
+    ),
 }
 # The checkouts installed editable, by contender key: this one, and the --base-tree one.
 TREES: dict[str, Path] = {"pgqueue": REPO}
 
-TARGETS = (
-    # (scenario, description): the targets of issue 5, judged in target_rows().
-    ("drain", "drain ≥ 1.5x PgQueuer"),
-    ("enqueue_single", "single enqueue ≥ 1.5x PgQueuer"),
-    ("enqueue_single", "single enqueue ≥ 60 % of the bare INSERT loop"),
-    ("enqueue_bulk", "bulk enqueue ≥ 2x PgQueuer"),
-    ("latency", "latency p50 < 3 ms"),
-    ("latency", "latency p99 < 6 ms"),
-    ("drain", "every task ran exactly once (all contenders)"),
-)
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 20's targets: pgqueue's ``key`` figure ÷ PgQueuer's in ``scenario``, at
+    least ``need`` (or at most, for a latency: ``lower``); judged in target_rows()."""
+
+    scenario: str
+    text: str
+    key: str
+    need: float
+    lower: bool = False
 
 
 class Interrupted(BaseException):
@@ -176,15 +234,16 @@ class Sizes:
     latency_interval_ms: float
     warmup: int
     poll_ms: float
+    payload_bytes: int = DEFAULT_PAYLOAD_BYTES
 
     def tasks(self, scenario: str) -> int:
-        value: int = getattr(self, scenario)
+        value: int = getattr(self, "drain" if scenario in DRAIN_PROCESSES else scenario)
         return value
 
 
 def step_timeout(scenario: str, sizes: Sizes) -> float:
     """A generous bound per step: about 100 tasks/s for a drain, which every peer beats."""
-    if scenario == "drain":
+    if scenario in DRAIN_PROCESSES:
         return 120 + sizes.drain / 100
     if scenario == "enqueue_single":
         return 60 + sizes.enqueue_single / 50
@@ -227,18 +286,69 @@ def venv_requirements(key: str) -> tuple[str, list[str]]:
         return "pgqueuer", list(PGQUEUER_REQUIREMENTS)
     if key == "procrastinate":
         return "procrastinate", list(PROCRASTINATE_REQUIREMENTS)
+    if key == "oban":
+        return "oban", list(OBAN_REQUIREMENTS)
+    if key == "chancy":
+        return "chancy", list(CHANCY_REQUIREMENTS)
     raise KeyError(key)
 
 
-def ensure_venv(root: Path, key: str, rebuild: bool, timeout: float) -> Path:
-    """The venv's python, creating (or rebuilding) the venv when its requirements changed."""
+def python_version(python: Path | str) -> tuple[int, ...] | None:
+    """An interpreter's version (major, minor, micro), or None if it does not run."""
+    code = "import sys; print(*sys.version_info[:3])"
+    try:
+        return tuple(int(p) for p in _run([python, "-c", code], timeout=30).split())
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def find_oban_python(given: Path | None) -> Path | None:
+    """A Python >= 3.12 for Oban's venv: ``--oban-python``, else the newest pyenv version
+    (``$PYENV_ROOT`` or ~/.pyenv), else python3.13 or python3.12 on PATH; None if none runs.
+    This interpreter itself when it is new enough."""
+    if given is not None:
+        version = python_version(given)
+        if version is None or version[:2] < OBAN_MIN_PYTHON:
+            raise SystemExit(f"--oban-python {given}: not a Python >= 3.12 ({version})")
+        return given
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    if sys.version_info[:2] >= OBAN_MIN_PYTHON:
+        return base
+    candidates: list[tuple[tuple[int, ...], Path]] = []
+    pyenv = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser() / "versions"
+    with contextlib.suppress(OSError):
+        for entry in pyenv.iterdir():
+            parts = entry.name.split(".")
+            if len(parts) == 3 and all(p.isdigit() for p in parts):
+                version = tuple(int(p) for p in parts)
+                if version[:2] >= OBAN_MIN_PYTHON and (entry / "bin" / "python").exists():
+                    candidates.append((version, entry / "bin" / "python"))
+    for version, path in sorted(candidates, reverse=True):
+        if python_version(path) == version:
+            return path
+    for name in ("python3.13", "python3.12"):
+        found = shutil.which(name)
+        if found and (python_version(found) or (0,))[:2] >= OBAN_MIN_PYTHON:
+            return Path(found)
+    return None
+
+
+def ensure_venv(
+    root: Path, key: str, rebuild: bool, timeout: float, base_python: Path | None = None
+) -> Path:
+    """The venv's python, creating (or rebuilding) the venv when its requirements changed.
+    ``base_python``: the interpreter to build it from (default: this one's base)."""
     name, requirements = venv_requirements(key)
     venv = root / name
     python = venv / "bin" / "python"
     marker = venv / "bench-requirements.json"
+    base = base_python or Path(getattr(sys, "_base_executable", sys.executable))
+    version = platform.python_version()
+    if base_python is not None:
+        version = ".".join(map(str, python_version(base_python) or ("?",)))
     wanted = {
         "requirements": requirements,
-        "python": platform.python_version(),
+        "python": version,
         "pyproject": _pyproject_digest(TREES[key]) if key in TREES else None,
     }
     with contextlib.suppress(OSError, ValueError):
@@ -248,7 +358,6 @@ def ensure_venv(root: Path, key: str, rebuild: bool, timeout: float) -> Path:
     if venv.exists():
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
-    base = getattr(sys, "_base_executable", sys.executable)
     _run([base, "-m", "venv", venv], timeout=120)
     _run([python, "-m", "pip", "install", "--quiet", *requirements], timeout=timeout)
     marker.write_text(json.dumps(wanted))
@@ -335,7 +444,7 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def child_env() -> dict[str, str]:
     """Our environment minus anything that would point a contender elsewhere."""
-    drop = ("PG", "PGQUEUE", "PGQUEUER", "PROCRASTINATE", "VIRTUAL_ENV", "PYTHON")
+    drop = ("PG", "PGQUEUE", "PGQUEUER", "PROCRASTINATE", "OBAN", "CHANCY", "VIRTUAL_ENV", "PYTHON")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -398,18 +507,30 @@ def check_runs(conn: psycopg.Connection[Any], expected: int) -> dict[str, Any]:
     return out
 
 
-def durability(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+def unlogged_ok(key: str) -> tuple[str, ...]:
+    return CONTENDERS[key].unlogged_ok if key in CONTENDERS else ()
+
+
+def durability(conn: psycopg.Connection[Any], allowed: Sequence[str] = ()) -> dict[str, Any]:
     """What a contender could have done to its database to skip durability: unlogged tables,
     or a synchronous_commit/fsync setting attached to the database or a role. Both must be
-    empty; they are reported, and a run where they are not is marked failed."""
-    unlogged = conn.execute(
+    empty; they are reported, and a run where they are not is marked failed. ``allowed``:
+    the library's own bookkeeping tables that its schema makes UNLOGGED (no job data in
+    them; Oban's and Chancy's leader and heartbeat tables), reported apart."""
+    rows = conn.execute(
         "SELECT relname FROM pg_class WHERE relpersistence = 'u' AND relkind IN ('r', 'p')"
     ).fetchall()
+    unlogged = [r for r in rows if r[0] not in allowed]
+    bookkeeping = sorted(r[0] for r in rows if r[0] in allowed)
     overrides = conn.execute(
         "SELECT unnest(setconfig) FROM pg_db_role_setting WHERE setdatabase IN"
         " (0, (SELECT oid FROM pg_database WHERE datname = current_database()))"
     ).fetchall()
-    return {"unlogged_tables": [r[0] for r in unlogged], "settings": [r[0] for r in overrides]}
+    return {
+        "unlogged_tables": [r[0] for r in unlogged],
+        "settings": [r[0] for r in overrides],
+        "unlogged_bookkeeping": bookkeeping,
+    }
 
 
 def latency_stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -441,12 +562,16 @@ class Runner:
 
     def command(self, step: Step, url: str, timeout: float, log_dir: Path) -> list[str]:
         n = self.sizes.tasks(step.scenario)
+        extra: list[str] = []
         if step.contender == BASELINE:
             python, script = self.pythons["pgqueue"], "baseline_insert.py"
             tuning: list[str] = []
         else:
-            c = CONTENDERS[step.contender]
-            python, script = self.pythons[step.contender], c.script
+            key = "pgqueue" if step.contender == COLUMNS else step.contender
+            if step.contender == COLUMNS:
+                extra = ["--bulk-api", "columns"]
+            c = CONTENDERS[key]
+            python, script = self.pythons[key], c.script
             tuning = [
                 "--batch-size",
                 str(self.options.bulk_batch or c.bulk_batch),
@@ -461,12 +586,15 @@ class Runner:
             "--dsn",
             url,
             "--scenario",
-            step.scenario,
+            "drain" if step.scenario in DRAIN_PROCESSES else step.scenario,
             "--tasks",
             str(n),
             *tuning,
+            *extra,
             "--processes",
-            "2",
+            str(DRAIN_PROCESSES.get(step.scenario, 2)),
+            "--payload-bytes",
+            str(self.sizes.payload_bytes),
             "--poll-interval",
             str(self.options.poll_interval),
             "--interval-ms",
@@ -494,7 +622,7 @@ class Runner:
         url = self.server.url(name)
         started = time.monotonic()
         load = round(os.getloadavg()[0], 2)  # how busy the shared machine was, for the reader
-        label = CONTENDERS[step.contender].label if step.contender in CONTENDERS else "bare INSERT"
+        label = label_of(step.contender)
         print(f"round {step.round}: {step.scenario} / {label} ...", file=sys.stderr, flush=True)
         try:
             with psycopg.connect(admin_url, autocommit=True) as admin:
@@ -509,14 +637,18 @@ class Runner:
             step.result["load_before"] = load
             with psycopg.connect(url, autocommit=True) as conn:
                 n = self.sizes.tasks(step.scenario)
-                if step.scenario == "drain":
+                if step.scenario in DRAIN_PROCESSES:
                     step.result["check"] = check_runs(conn, n)
+                    total_s = step.result.get("total_s")
+                    if isinstance(total_s, int | float) and total_s > 0:
+                        # From the workers' launch: start-up included.
+                        step.result["from_launch_per_s"] = round(n / total_s, 1)
                 elif step.scenario == "latency":
                     step.result["check"] = check_runs(conn, n + self.sizes.warmup)
                     step.result.update(latency_stats(conn))
                 elif step.result.get("in_table") != n:
                     step.error = f"{step.result.get('in_table')} tasks in the table, not {n}"
-                step.result["durability"] = durability(conn)
+                step.result["durability"] = durability(conn, unlogged_ok(step.contender))
             lax = step.result["durability"]
             if lax["unlogged_tables"] or lax["settings"]:
                 step.error = f"not durable: {lax}"
@@ -632,6 +764,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def label_of(key: str) -> str:
+    if key == COLUMNS:
+        return COLUMNS_LABEL
     return CONTENDERS[key].label if key in CONTENDERS else "bare INSERT"
 
 
@@ -656,32 +790,39 @@ def load_cell(step: Step) -> str:
 
 def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
     out: list[str] = []
-    rounds = by_round(steps, "drain")
-    if rounds:
+    for scenario, processes in DRAIN_PROCESSES.items():
+        rounds = by_round(steps, scenario)
+        if not rounds:
+            continue
         out += [
             "",
-            f"### Drain: {sizes.drain:,} queued no-op tasks, 2 worker processes",
+            f"### Drain: {sizes.drain:,} queued no-op tasks, {processes} worker "
+            + ("process" if processes == 1 else "processes"),
             "",
             f"Tasks/s from the first completion to the last (polled every {sizes.poll_ms:g} ms "
-            "in the contender's own table); the time from starting the workers to the last "
-            "completion; handler starts/s from the handlers' own clock; exactly-once checked "
-            "in the database. Load: the machine's 1-minute load average before the step "
-            "(2 cores; others' work included).",
+            "in the contender's own table); tasks/s and seconds from launching the workers to "
+            "the last completion (start-up included); handler starts/s from the handlers' own "
+            "clock; exactly-once checked in the database. Load: the machine's 1-minute load "
+            "average before the step (2 cores; others' work included).",
             "",
         ]
         rows = []
         for rnd, by in sorted(rounds.items()):
+            mine = by.get("pgqueue")
             for key, s in by.items():
                 check = s.result.get("check", {})
+                total_s = value(s, "total_s")
                 rows.append(
                     [
                         str(rnd),
                         label_of(key),
                         "failed" if s.error else fmt_rate(value(s, "per_s")),
-                        f"{value(s, 'total_s'):.1f}" if value(s, "total_s") else "-",
+                        fmt_ratio(value(mine, "per_s"), value(s, "per_s")),
+                        fmt_rate(value(s, "from_launch_per_s")),
+                        f"{total_s:.1f}" if total_s else "-",
+                        fmt_ratio(value(mine, "from_launch_per_s"), value(s, "from_launch_per_s")),
                         fmt_rate(check.get("handler_span_per_s")),
                         "yes" if check.get("exactly_once") else "NO" if check else "-",
-                        fmt_ratio(value(by.get("pgqueue"), "per_s"), value(s, "per_s")),
                         load_cell(s),
                     ]
                 )
@@ -690,10 +831,12 @@ def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
                 "round",
                 "contender",
                 "tasks/s",
+                "pgqueue ÷ this",
+                "tasks/s incl. start-up",
                 "incl. start-up (s)",
+                "pgqueue ÷ this, incl. start-up",
                 "handler starts/s",
                 "exactly once",
-                "pgqueue ÷ this",
                 "load",
             ],
             rows,
@@ -753,39 +896,91 @@ def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
     return out
 
 
-def target_rows(steps: list[Step]) -> list[list[str]]:
-    """Each target of issue 5, per round: the measured figure and met / not met."""
+def targets(sizes: Sizes, bulk_batch: int) -> list[Target]:
+    """Issue 20's targets, each a ratio to PgQueuer in the same round, with the run's sizes."""
+    drain = f"drain {sizes.drain:,}"
+    return [
+        Target(
+            "enqueue_single",
+            "enqueue one task per call and transaction ≥ 1.3x PgQueuer",
+            "per_s",
+            1.3,
+        ),
+        Target(
+            "enqueue_bulk", f"bulk enqueue, {bulk_batch:,} a call ≥ 1.5x PgQueuer", "per_s", 1.5
+        ),
+        Target(
+            "drain_1",
+            f"{drain}, 1 process ≥ 1.5x PgQueuer (from the first completion)",
+            "per_s",
+            1.5,
+        ),
+        Target(
+            "drain_1",
+            f"{drain}, 1 process ≥ 1.5x PgQueuer (from worker launch)",
+            "from_launch_per_s",
+            1.5,
+        ),
+        Target(
+            "drain",
+            f"{drain}, 2 processes ≥ 1.5x PgQueuer (from the first completion)",
+            "per_s",
+            1.5,
+        ),
+        Target(
+            "drain",
+            f"{drain}, 2 processes ≥ 1.5x PgQueuer (from worker launch)",
+            "from_launch_per_s",
+            1.5,
+        ),
+        Target(
+            "latency",
+            "idle latency p50, enqueue to handler start ≤ 0.8x PgQueuer",
+            "p50_ms",
+            0.8,
+            lower=True,
+        ),
+        Target(
+            "latency",
+            "idle latency p99, enqueue to handler start ≤ 0.8x PgQueuer",
+            "p99_ms",
+            0.8,
+            lower=True,
+        ),
+    ]
+
+
+def target_rows(steps: list[Step], sizes: Sizes, bulk_batch: int) -> list[list[str]]:
+    """Each target of issue 20, per round: the measured figure and met / not met; then, per
+    round, whether every task ran exactly once in every checked step of every contender."""
     rows: list[list[str]] = []
 
     def verdict(ok: bool | None) -> str:
         return "-" if ok is None else "met" if ok else "**not met**"
 
-    for scenario, text in TARGETS:
-        for rnd, by in sorted(by_round(steps, scenario).items()):
-            mine = by.get("pgqueue")
+    for target in targets(sizes, bulk_batch):
+        for rnd, by in sorted(by_round(steps, target.scenario).items()):
+            mine, peer = value(by.get("pgqueue"), target.key), value(by.get("pgqueuer"), target.key)
             figure, ok = "-", None
-            if text.startswith("every task"):
-                checks = [s for s in by.values() if s.result.get("check")]
-                if checks:
-                    passed = [
-                        label_of(s.contender) for s in checks if s.result["check"]["exactly_once"]
-                    ]
-                    figure = f"{len(passed)} of {len(checks)} pass"
-                    ok = len(passed) == len(checks)
-            elif text.startswith("latency"):
-                key, limit = ("p50_ms", 3.0) if "p50" in text else ("p99_ms", 6.0)
-                got = value(mine, key)
-                if got is not None:
-                    figure, ok = f"{got} ms", got < limit
-            else:
-                peer = BASELINE if "INSERT" in text else "pgqueuer"
-                need = 0.6 if "INSERT" in text else 2.0 if scenario == "enqueue_bulk" else 1.5
-                a, b = value(mine, "per_s"), value(by.get(peer), "per_s")
-                if a and b:
-                    ratio = a / b
-                    figure = f"{ratio:.0%}" if "INSERT" in text else f"{ratio:.2f}x"
-                    ok = ratio >= need
-            rows.append([text, str(rnd), figure, verdict(ok)])
+            if isinstance(mine, int | float) and isinstance(peer, int | float) and peer > 0:
+                ratio = mine / peer
+                ok = ratio <= target.need if target.lower else ratio >= target.need
+                figure = f"{ratio:.2f}x"
+                if target.lower:
+                    figure += f" ({mine} ms vs {peer} ms)"
+            rows.append([target.text, str(rnd), figure, verdict(ok)])
+    for rnd in sorted({s.round for s in steps}):
+        checks = [s for s in steps if s.round == rnd and s.result.get("check")]
+        if checks:
+            passed = [s for s in checks if s.result["check"]["exactly_once"]]
+            rows.append(
+                [
+                    "every task ran exactly once (all contenders, drains and latency)",
+                    str(rnd),
+                    f"{len(passed)} of {len(checks)} steps pass",
+                    verdict(len(passed) == len(checks)),
+                ]
+            )
     return rows
 
 
@@ -793,8 +988,10 @@ def configuration_lines(steps: list[Step]) -> list[str]:
     """How each contender was set up, from what the scripts reported."""
     seen: dict[str, dict[str, Any]] = {}
     for s in steps:
-        if s.scenario == "drain" and s.error is None:
-            seen.setdefault(s.contender, s.result.get("settings", {}))
+        if s.scenario in DRAIN_PROCESSES and s.error is None:
+            settings = dict(s.result.get("settings", {}))
+            settings.pop("processes", None)  # 1 or 2: the scenario says which
+            seen.setdefault(s.contender, settings)
     lines = []
     for key, settings in seen.items():
         parts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in settings.items())
@@ -806,14 +1003,29 @@ def durability_lines(steps: list[Step]) -> list[str]:
     checked = [s for s in steps if "durability" in s.result]
     if not checked:
         return []
-    lax = [s for s in checked if any(s.result["durability"].values())]
+    lax = [
+        s
+        for s in checked
+        if s.result["durability"]["unlogged_tables"] or s.result["durability"]["settings"]
+    ]
     if lax:
         return [f"* **Not durable**: {len(lax)} steps had unlogged tables or overrides (below)."]
+    bookkeeping: dict[str, set[str]] = {}
+    for s in checked:
+        for name in s.result["durability"].get("unlogged_bookkeeping", []):
+            bookkeeping.setdefault(label_of(s.contender), set()).add(name)
+    kept = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in bookkeeping.items())
     return [
-        "* Durable everywhere: after every step, its database had no unlogged table and no "
-        "per-database or per-role setting (such as synchronous_commit); and none of the three "
-        "libraries sets synchronous_commit in its code (pgqueuer 1.6.0 can create UNLOGGED "
-        "tables, but only when asked: its default durability, used here, is `durable`)."
+        "* Durable everywhere: after every step, its database had no unlogged table holding "
+        "jobs and no per-database or per-role setting (such as synchronous_commit); and none "
+        "of the libraries sets synchronous_commit in its code (pgqueuer 1.6.0 can create "
+        "UNLOGGED tables, but only when asked: its default durability, used here, is `durable`)."
+        + (
+            f" The only unlogged tables are the bookkeeping ones that the libraries' own "
+            f"schemas create so (leader election, worker heartbeats; no job data): {kept}."
+            if kept
+            else ""
+        )
     ]
 
 
@@ -828,8 +1040,14 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
     settings = ", ".join(
         f"{k} {pg[k]}" for k in REPORTED_SETTINGS if k in pg and k != "server_version"
     )
+    bulk_batch = report["options"].get("bulk_batch") or CONTENDERS["pgqueue"].bulk_batch
+    payload = (
+        '`{"data": "x" * 100}`'
+        if sizes.payload_bytes == DEFAULT_PAYLOAD_BYTES
+        else f'`{{"data": "x" * {sizes.payload_bytes}}}` (--payload-bytes)'
+    )
     lines = [
-        BASE_SECTION if "git_base" in report else SECTION,
+        section_heading(report, sizes),
         "",
         f"{report['date']}, {report['elapsed_min']} min for the whole run"
         + (f", {report['rounds']} rounds, contenders interleaved" if report["rounds"] > 1 else "")
@@ -851,12 +1069,13 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
         *configuration_lines(steps),
         f"* {TUNING}",
         *durability_lines(steps),
-        '* Every handler is an async no-op; payload `{"data": "x" * 100}`. '
+        f"* Every handler is an async no-op; payload {payload}, the same for every contender. "
         "Fresh database per contender and scenario, CHECKPOINT before each.",
+        *[f"* Not run: {note}" for note in report.get("skipped", [])],
         "",
-        "### Targets (issue 5)",
+        "### Targets (issue 20)",
         "",
-        *table(["target", "round", "measured", "verdict"], target_rows(steps)),
+        *table(["target", "round", "measured", "verdict"], target_rows(steps, sizes, bulk_batch)),
         *scenario_tables(steps, sizes),
         "",
         f"Raw data: `{report['json_path']}`."
@@ -872,6 +1091,15 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
             for s in failures
         ]
     return "\n".join(lines) + "\n"
+
+
+def section_heading(report: dict[str, Any], sizes: Sizes) -> str:
+    """SECTION (or BASE_SECTION with a base tree); a run with another payload size has its
+    own section, so it does not replace the default payload's figures."""
+    heading = BASE_SECTION if "git_base" in report else SECTION
+    if sizes.payload_bytes != DEFAULT_PAYLOAD_BYTES:
+        heading = heading.replace(" (", f", {sizes.payload_bytes:,}-byte payloads (", 1)
+    return heading
 
 
 def tree_note(git: dict[str, Any]) -> str:
@@ -937,6 +1165,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pgqueue-concurrency", type=int, default=0, help="override (per process)")
     p.add_argument("--pgqueuer-batch-size", type=int, default=0, help="override PgQueuer's dequeue")
     p.add_argument("--procrastinate-concurrency", type=int, default=0, help="override")
+    p.add_argument("--oban-concurrency", type=int, default=0, help="override Oban's queue limit")
+    p.add_argument("--chancy-concurrency", type=int, default=0, help="override (Chancy's queue)")
+    p.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=DEFAULT_PAYLOAD_BYTES,
+        help="the payload's data string, every contender (e.g. 2048: the design's size)",
+    )
+    p.add_argument("--no-columns", action="store_true", help=f"skip the bulk row {COLUMNS_LABEL}")
     p.add_argument("--poll-interval", type=float, default=0.1, help="drain completion polls (s)")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare INSERT loop")
     p.add_argument(
@@ -956,6 +1193,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="use this Python (with pgqueue installed) instead of pgqueue's benchmark venv",
+    )
+    p.add_argument(
+        "--oban-python",
+        type=Path,
+        default=None,
+        help="a Python >= 3.12 to build Oban's venv from (default: pyenv's newest, "
+        "python3.13 or python3.12 on PATH; Oban is skipped if there is none)",
     )
     p.add_argument("--log-dir", type=Path, default=DEFAULT_CACHE / "logs")
     p.add_argument(
@@ -987,6 +1231,8 @@ def tune(args: argparse.Namespace) -> None:
         ("pgqueue", "concurrency", args.pgqueue_concurrency),
         ("pgqueuer", "dequeue_batch", args.pgqueuer_batch_size),
         ("procrastinate", "concurrency", args.procrastinate_concurrency),
+        ("oban", "concurrency", args.oban_concurrency),
+        ("chancy", "concurrency", args.chancy_concurrency),
     ):
         if value:
             CONTENDERS[key] = dataclasses.replace(CONTENDERS[key], **{name: value})
@@ -1032,8 +1278,16 @@ def selected(text: str, known: Sequence[str], what: str) -> list[str]:
     return [k for k in known if k in chosen]
 
 
-def plan(rounds: int, scenarios: list[str], contenders: list[str], baseline: bool) -> list[Step]:
-    """Rounds x scenarios x contenders, contenders adjacent so each ratio is from one moment."""
+def plan(
+    rounds: int,
+    scenarios: list[str],
+    contenders: list[str],
+    baseline: bool,
+    columns: bool = False,
+) -> list[Step]:
+    """Rounds x scenarios x contenders, contenders adjacent so each ratio is from one moment;
+    the bare INSERT loop after the single enqueues, pgqueue's enqueue_columns after the bulk
+    ones (``columns``)."""
     steps = []
     for rnd in range(1, rounds + 1):
         for scenario in scenarios:
@@ -1041,6 +1295,8 @@ def plan(rounds: int, scenarios: list[str], contenders: list[str], baseline: boo
                 steps.append(Step(rnd, scenario, key))
             if scenario == "enqueue_single" and baseline:
                 steps.append(Step(rnd, scenario, BASELINE))
+            if scenario == "enqueue_bulk" and columns:
+                steps.append(Step(rnd, scenario, COLUMNS))
     return steps
 
 
@@ -1080,6 +1336,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     contenders = selected(args.only, list(CONTENDERS), "contenders")
     scenarios = selected(args.scenarios, SCENARIOS, "scenarios")
     baseline = "enqueue_single" in scenarios and "pgqueue" in contenders and not args.no_baseline
+    columns = "enqueue_bulk" in scenarios and "pgqueue" in contenders and not args.no_columns
+    skipped: list[str] = []
+    oban_python = None
+    if "oban" in contenders:
+        oban_python = find_oban_python(args.oban_python)
+        if oban_python is None:
+            note = (
+                "Oban: no Python >= 3.12 found (oban 0.7.0 requires one; give --oban-python, "
+                "or put python3.12/python3.13 on PATH or in pyenv)"
+            )
+            print(f"skipping {note}", file=sys.stderr, flush=True)
+            skipped.append(note)
+            contenders.remove("oban")
     sizes = Sizes(
         drain=args.drain_tasks,
         enqueue_single=args.single_tasks,
@@ -1088,6 +1357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency_interval_ms=args.latency_interval_ms,
         warmup=args.warmup,
         poll_ms=args.poll_interval * 1000,
+        payload_bytes=args.payload_bytes,
     )
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     command = "python -m bench.compare" + (
@@ -1095,7 +1365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (sys.argv[1:] if argv is None else argv)
         else ""
     )
-    steps = plan(args.repeat, scenarios, contenders, baseline)
+    steps = plan(args.repeat, scenarios, contenders, baseline, columns)
     git_before = git_state()
     base_before = git_state(tree=TREES[BASE]) if BASE in TREES else None
 
@@ -1109,7 +1379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pythons[key] = args.pgqueue_python.absolute()  # not resolve(): keep the venv
                 else:
                     budget = max(60.0, deadline - time.monotonic())
-                    pythons[key] = ensure_venv(args.venv_dir, key, args.rebuild_venvs, budget)
+                    base = oban_python if key == "oban" else None
+                    pythons[key] = ensure_venv(
+                        args.venv_dir, key, args.rebuild_venvs, budget, base_python=base
+                    )
                 venvs[key] = venv_versions(pythons[key], CONTENDERS[key].distributions)
             if BASE in TREES:
                 own = {k for k in pythons if not (k == "pgqueue" and args.pgqueue_python)}
@@ -1146,6 +1419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "venvs": venvs,
         "options": vars(args) | {"venv_dir": str(args.venv_dir), "log_dir": str(args.log_dir)},
         "sizes": vars(sizes),
+        "skipped": skipped,
         "json_path": "" if args.no_write else shown(json_path),
     }
     if base_before is not None:

@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 DSN_ENV = "BENCH_DSN"  # how worker processes learn where to write their bench_runs rows
 SCENARIOS = ("drain", "enqueue_single", "enqueue_bulk", "latency")
 TASK_TYPE = "bench.noop"
-DATA = "x" * 100  # the ~100-byte payload: {"data": "xxx..."}
+DEFAULT_PAYLOAD_BYTES = 100  # the data string of the payload {"data": "xxx..."}
+DATA = "x" * DEFAULT_PAYLOAD_BYTES  # set by parse_args from --payload-bytes
 
 # Written by the workers at shutdown, checked by the harness: one row per handler run.
 RUNS_COPY = "COPY bench_runs (task_id, enqueued_at, started_at, pid) FROM STDIN"
@@ -52,7 +53,26 @@ def parse_args(description: str, **defaults: Any) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="latency: tasks before measuring")
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after (s)")
     parser.add_argument("--log-dir", type=Path, default=Path("."), help="worker logs go here")
-    return parser.parse_args()
+    parser.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=DEFAULT_PAYLOAD_BYTES,
+        help="length of the payload's data string (the JSON is about 12 bytes more)",
+    )
+    parser.add_argument(
+        "--bulk-api",
+        default="default",
+        help="enqueue_bulk: which of the library's bulk APIs (pgqueue: many or columns)",
+    )
+    args = parser.parse_args()
+    set_payload_bytes(args.payload_bytes)
+    return args
+
+
+def set_payload_bytes(size: int) -> None:
+    """Every contender's payload: the data string ``size`` characters long."""
+    global DATA
+    DATA = "x" * size
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -78,13 +78,25 @@ def worker_command(dsn: str, processes: int, concurrency: int) -> list[str]:
     ]
 
 
-def enqueue_bulk(dsn: str, total: int, batch_size: int) -> float:
-    """enqueue_many in batches, one transaction per batch; returns the seconds it took."""
-    item = {"type": common.TASK_TYPE, "payload": common.payload()}
+BULK_APIS = {
+    "many": "pgqueue.enqueue_many, one commit per batch",
+    "columns": "pgqueue.enqueue_columns, one commit per batch",
+}
+
+
+def enqueue_bulk(dsn: str, total: int, batch_size: int, api: str = "many") -> float:
+    """enqueue_many (or the columnar enqueue_columns) in batches, one transaction per batch;
+    returns the seconds it took."""
+    data = common.payload()
+    item = {"type": common.TASK_TYPE, "payload": data}
     with psycopg.connect(dsn) as conn:
         started = time.perf_counter()
         for start in range(0, total, batch_size):
-            pgqueue.enqueue_many(conn, [item] * min(batch_size, total - start))
+            n = min(batch_size, total - start)
+            if api == "columns":
+                pgqueue.enqueue_columns(conn, common.TASK_TYPE, [data] * n)
+            else:
+                pgqueue.enqueue_many(conn, [item] * n)
             conn.commit()
         return time.perf_counter() - started
 
@@ -125,13 +137,13 @@ def main() -> None:
         result["settings"] = {"connection": "psycopg, autocommit", "api": "pgqueue.enqueue"}
 
     elif args.scenario == "enqueue_bulk":
-        elapsed = enqueue_bulk(args.dsn, args.tasks, args.batch_size)
+        api = "many" if args.bulk_api == "default" else args.bulk_api
+        if api not in BULK_APIS:
+            raise SystemExit(f"--bulk-api {api}: pgqueue has {', '.join(BULK_APIS)}")
+        elapsed = enqueue_bulk(args.dsn, args.tasks, args.batch_size, api)
         with psycopg.connect(args.dsn) as conn:
             result.update(per_s=round(args.tasks / elapsed, 1), in_table=in_table(conn))
-        result["settings"] = {
-            "api": "pgqueue.enqueue_many, one commit per batch",
-            "batch_size": args.batch_size,
-        }
+        result["settings"] = {"api": BULK_APIS[api], "batch_size": args.batch_size}
 
     elif args.scenario == "drain":
         elapsed = enqueue_bulk(args.dsn, args.tasks, args.batch_size)

@@ -32,7 +32,10 @@ from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
-PAYLOAD = json.dumps(common.payload()).encode()
+
+def encoded_payload() -> bytes:
+    """The shared payload as PgQueuer takes it (bytes); after parse_args set its size."""
+    return json.dumps(common.payload()).encode()
 
 
 @contextlib.asynccontextmanager
@@ -92,10 +95,11 @@ def worker_command(batch_size: int) -> list[str]:
 
 
 async def enqueue_bulk(queries: Queries, total: int, batch_size: int) -> float:
+    payload = encoded_payload()
     started = time.perf_counter()
     for start in range(0, total, batch_size):
         n = min(batch_size, total - start)
-        await queries.enqueue([common.TASK_TYPE] * n, [PAYLOAD] * n, [0] * n)
+        await queries.enqueue([common.TASK_TYPE] * n, [payload] * n, [0] * n)
     return time.perf_counter() - started
 
 
@@ -129,10 +133,11 @@ async def run(args: Any) -> dict[str, Any]:
     async def remaining() -> int:
         return int(await connection.fetchval("SELECT count(*) FROM pgqueuer"))
 
+    payload = encoded_payload()
     if args.scenario == "enqueue_single":
         started = time.perf_counter()
         for _ in range(args.tasks):
-            await queries.enqueue(common.TASK_TYPE, PAYLOAD)  # asyncpg: autocommit each
+            await queries.enqueue(common.TASK_TYPE, payload)  # asyncpg: autocommit each
         elapsed = time.perf_counter() - started
         result.update(per_s=round(args.tasks / elapsed, 1), in_table=await remaining())
         result["settings"] = {"connection": "asyncpg, autocommit", "api": "Queries.enqueue"}
@@ -174,7 +179,7 @@ async def run(args: Any) -> dict[str, Any]:
         )
         try:
             for _ in range(args.warmup):
-                await queries.enqueue(common.TASK_TYPE, PAYLOAD)
+                await queries.enqueue(common.TASK_TYPE, payload)
             clock = common.DrainClock(args.warmup)
             await wait_for(remaining, args.warmup, clock, workers, deadline, 0.05)
             await asyncio.sleep(0.5)

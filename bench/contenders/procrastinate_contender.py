@@ -76,7 +76,7 @@ def worker_command(concurrency: int) -> list[str]:
 
 
 async def enqueue_bulk(total: int, batch_size: int) -> float:
-    job: dict[str, Any] = {"data": common.DATA}
+    job: dict[str, Any] = common.payload()
     started = time.perf_counter()
     for start in range(0, total, batch_size):
         n = min(batch_size, total - start)
@@ -131,7 +131,7 @@ async def run(args: Any) -> dict[str, Any]:
             if args.scenario == "enqueue_single":
                 started = time.perf_counter()
                 for _ in range(args.tasks):
-                    await noop.defer_async(data=common.DATA)
+                    await noop.defer_async(**common.payload())
                 elapsed = time.perf_counter() - started
                 result.update(per_s=round(args.tasks / elapsed, 1), in_table=await in_table())
                 result["settings"] = {
@@ -173,7 +173,7 @@ async def run(args: Any) -> dict[str, Any]:
                 workers = common.Workers([worker_command(args.concurrency)], env, args.log_dir)
                 try:
                     for _ in range(args.warmup):
-                        await noop.defer_async(data=common.DATA)
+                        await noop.defer_async(**common.payload())
                     clock = common.DrainClock(args.warmup)
                     await wait_for(conn, args.warmup, clock, workers, deadline, 0.05)
                     await asyncio.sleep(0.5)
@@ -182,7 +182,7 @@ async def run(args: Any) -> dict[str, Any]:
                     for i in range(args.tasks):
                         await asyncio.sleep(common.pace(start, i, interval))
                         enqueued_at = time.time()
-                        await noop.defer_async(data=common.DATA, t=enqueued_at)
+                        await noop.defer_async(**common.payload(enqueued_at))
                     total = args.warmup + args.tasks
                     clock = common.DrainClock(total)
                     await wait_for(conn, total, clock, workers, deadline, 0.05)
