@@ -1017,9 +1017,12 @@ def durability_lines(steps: list[Step]) -> list[str]:
     kept = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in bookkeeping.items())
     return [
         "* Durable everywhere: after every step, its database had no unlogged table holding "
-        "jobs and no per-database or per-role setting (such as synchronous_commit); and none "
-        "of the libraries sets synchronous_commit in its code (pgqueuer 1.6.0 can create "
-        "UNLOGGED tables, but only when asked: its default durability, used here, is `durable`)."
+        "jobs and no per-database or per-role setting (such as synchronous_commit). Every "
+        "submit and every completion waits for the WAL flush in every library; pgqueue's claim "
+        "and start mark alone commit without waiting (synchronous_commit off for their own "
+        "transactions: a server crash can forget a claim, and the task runs again; README, "
+        "'The delivery guarantee'). pgqueuer 1.6.0 can create UNLOGGED tables, but only when "
+        "asked: its default durability, used here, is `durable`."
         + (
             f" The only unlogged tables are the bookkeeping ones that the libraries' own "
             f"schemas create so (leader election, worker heartbeats; no job data): {kept}."
