@@ -1574,7 +1574,8 @@ def queue_remove(name: str) -> Op[bool]:
 
 
 def queue_known(name: str) -> Op[bool]:
-    rows = yield Query("queue_known", {"name": name})
+    # Planned each time: its generic plan reads the finished tasks by a sequential scan.
+    rows = yield Query("queue_known", {"name": name}, prepare=False)
     return bool(rows[0]["known"])
 
 
