@@ -2,7 +2,8 @@
 once they return, a crash of the server keeps them. A claim and its start mark do not: each
 sets synchronous_commit off for its own transaction, which saves the idle pickup one durable
 commit. The statement itself says so; these tests read the setting inside each transaction,
-after the statement, where the commit will read it, and check that it goes no further."""
+after the statement, where the commit will read it, and check that it goes no further. Each
+session turns synchronous_commit on first: the embedded test server runs with it off."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ def commit_waits_for_flush(conn: psycopg.Connection[Any]) -> bool:
     return bool(row[0] != "off")
 
 
+def durable_session(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    conn.execute("SET synchronous_commit = on")  # for the session, not a transaction's
+    conn.commit()
+    return conn
+
+
 def claim(conn: psycopg.Connection[Any], owner: str = "w") -> pgqueue.ClaimedTask:
     (task,) = queries.run(
         conn, queries.task_claim(queues=["default"], limit=1, owner=owner, lease_seconds=30)
@@ -31,8 +38,8 @@ def test_the_claim_commits_without_waiting_for_the_flush_and_only_it(
     conn: psycopg.Connection[Any], connect: Any
 ) -> None:
     pgqueue.enqueue(conn, "job", {})
-    worker = connect(autocommit=False)
-    assert commit_waits_for_flush(worker)  # the server's default, as CI's servers have it
+    worker = durable_session(connect(autocommit=False))
+    assert commit_waits_for_flush(worker)
 
     claim(worker)
     assert not commit_waits_for_flush(worker)  # what this transaction's commit will do
@@ -46,7 +53,7 @@ def test_the_limited_claim_commits_without_waiting_for_the_flush(
 ) -> None:
     pgqueue.set_limit(conn, type="limited", max_running=5)
     pgqueue.enqueue(conn, "limited", {})
-    worker = connect(autocommit=False)
+    worker = durable_session(connect(autocommit=False))
 
     op = queries.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=30)
     (task,), _ = queries.run(worker, op)
@@ -56,7 +63,7 @@ def test_the_limited_claim_commits_without_waiting_for_the_flush(
 
 
 def test_the_start_mark_commits_without_waiting_for_the_flush(connect: Any) -> None:
-    worker = connect(autocommit=False)
+    worker = durable_session(connect(autocommit=False))
     queries.run(worker, queries.lease_starts_mark("w"))
     assert not commit_waits_for_flush(worker)
     worker.rollback()
@@ -65,7 +72,7 @@ def test_the_start_mark_commits_without_waiting_for_the_flush(connect: Any) -> N
 def test_submit_completion_and_failure_wait_for_the_flush(
     conn: psycopg.Connection[Any], connect: Any
 ) -> None:
-    producer = connect(autocommit=False)
+    producer = durable_session(connect(autocommit=False))
     pgqueue.enqueue(producer, "job", {})
     pgqueue.enqueue_many(producer, [{"type": "job", "payload": {}}] * 2)
     pgqueue.enqueue_columns(producer, "job", [{}, {}])
@@ -73,7 +80,7 @@ def test_submit_completion_and_failure_wait_for_the_flush(
     producer.commit()
 
     first, second = claim(conn), claim(conn)
-    outcome = connect(autocommit=False)
+    outcome = durable_session(connect(autocommit=False))
     pgqueue.complete(outcome, first.lease, {"ok": True})
     pgqueue.fail(outcome, second.lease, "boom")
     assert commit_waits_for_flush(outcome)
