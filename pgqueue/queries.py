@@ -1148,7 +1148,7 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
             queue=queue,
             type=type,
             payload=payload,
-            priority=priorities.get(priority) or Priority(priority),
+            priority=priorities[priority] if priority in priorities else Priority(priority),
             attempts=attempts,
             max_attempts=max_attempts,
             lease_token=lease_token,
