@@ -746,6 +746,9 @@ def claim(
 
     Commit promptly: the claim's row locks (and, when limits exist, the limits lock) are held
     until the transaction ends. Tasks under a limit (:func:`set_limit`) are claimed within it.
+    The claim's transaction commits without waiting for the WAL flush (README, "The delivery
+    guarantee"), and so does anything else written in it: give the claim a transaction of
+    its own, as the worker does.
     """
     op = queries.claim_round(
         queues=list(queues),
