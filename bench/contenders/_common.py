@@ -9,12 +9,14 @@ Keeping the measuring code here means every contender is timed by the same lines
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,32 @@ class DrainClock:
 def pace(start: float, index: int, interval_s: float) -> float:
     """Seconds to sleep so that enqueue ``index`` happens at ``start + index * interval``."""
     return max(0.0, start + index * interval_s - time.monotonic())
+
+
+def wait_for(
+    completed: Callable[[], int],
+    clock: DrainClock,
+    workers: Workers,
+    deadline: Deadline,
+    poll: float,
+) -> None:
+    """Poll ``completed`` (the contender's own count of finished tasks) until ``clock`` has
+    seen them all, failing early if a worker died or the deadline passed."""
+    while not clock.observe(completed()):
+        workers.check_alive()
+        deadline.check(f"waiting for {clock.total} completions")
+        time.sleep(poll)
+
+
+async def await_completions(
+    completed: Callable[[], Awaitable[int]],
+    clock: DrainClock,
+    workers: Workers,
+    deadline: Deadline,
+    poll: float,
+) -> None:
+    """:func:`wait_for` for a contender whose driver is async."""
+    while not clock.observe(await completed()):
+        workers.check_alive()
+        deadline.check(f"waiting for {clock.total} completions")
+        await asyncio.sleep(poll)

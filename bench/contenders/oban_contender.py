@@ -28,6 +28,7 @@ import importlib.metadata
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +95,9 @@ async def count(conn: psycopg.AsyncConnection[Any], where: str = "") -> int:
     return int(row[0])
 
 
-async def wait_for(
-    conn: psycopg.AsyncConnection[Any],
-    target: int,
-    clock: common.DrainClock,
-    workers: common.Workers,
-    deadline: common.Deadline,
-    poll: float,
-) -> None:
-    while not clock.observe(await count(conn, "WHERE state = 'completed'")):
-        workers.check_alive()
-        deadline.check(f"waiting for {target} completions")
-        await asyncio.sleep(poll)
+def completions(conn: psycopg.AsyncConnection[Any]) -> Callable[[], Awaitable[int]]:
+    """The finished jobs' count, polled by common.await_completions."""
+    return lambda: count(conn, "WHERE state = 'completed'")
 
 
 async def run(args: Any) -> dict[str, Any]:
@@ -152,7 +144,9 @@ async def run(args: Any) -> dict[str, Any]:
                     args.log_dir,
                 )
                 try:
-                    await wait_for(conn, args.tasks, clock, workers, deadline, args.poll_interval)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, args.poll_interval
+                    )
                 finally:
                     result["worker_exit_codes"] = workers.stop()
                 result.update(clock.result())
@@ -172,7 +166,9 @@ async def run(args: Any) -> dict[str, Any]:
                     for _ in range(args.warmup):
                         await Noop.enqueue(common.payload())
                     clock = common.DrainClock(args.warmup)
-                    await wait_for(conn, args.warmup, clock, workers, deadline, 0.05)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, 0.05
+                    )
                     await asyncio.sleep(0.5)
                     interval = args.interval_ms / 1000
                     start = time.monotonic()
@@ -181,7 +177,9 @@ async def run(args: Any) -> dict[str, Any]:
                         await Noop.enqueue(common.payload(time.time()))
                     total = args.warmup + args.tasks
                     clock = common.DrainClock(total)
-                    await wait_for(conn, total, clock, workers, deadline, 0.05)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, 0.05
+                    )
                 finally:
                     result["worker_exit_codes"] = workers.stop()
                 result["settings"] = {

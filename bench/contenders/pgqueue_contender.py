@@ -101,20 +101,6 @@ def enqueue_bulk(dsn: str, total: int, batch_size: int, api: str = "many") -> fl
         return time.perf_counter() - started
 
 
-def wait_for(
-    conn: psycopg.Connection[Any],
-    target: int,
-    clock: common.DrainClock,
-    workers: common.Workers,
-    deadline: common.Deadline,
-    poll: float,
-) -> None:
-    while not clock.observe(completed(conn)):
-        workers.check_alive()
-        deadline.check(f"waiting for {target} completions")
-        time.sleep(poll)
-
-
 def main() -> None:
     args = common.parse_args(__doc__.splitlines()[0], batch_size=5000, concurrency=50)
     deadline = common.Deadline(args.timeout)
@@ -156,7 +142,9 @@ def main() -> None:
                 args.log_dir,
             )
             try:
-                wait_for(conn, args.tasks, clock, workers, deadline, args.poll_interval)
+                common.wait_for(
+                    lambda: completed(conn), clock, workers, deadline, args.poll_interval
+                )
             finally:
                 result["worker_exit_codes"] = workers.stop()
             result.update(clock.result())
@@ -180,7 +168,7 @@ def main() -> None:
                 for _ in range(args.warmup):
                     pgqueue.enqueue(conn, common.TASK_TYPE, common.payload())
                 clock = common.DrainClock(args.warmup)
-                wait_for(conn, args.warmup, clock, workers, deadline, 0.05)
+                common.wait_for(lambda: completed(conn), clock, workers, deadline, 0.05)
                 time.sleep(0.5)
                 interval = args.interval_ms / 1000
                 start = time.monotonic()
@@ -189,7 +177,7 @@ def main() -> None:
                     enqueued_at = time.time()
                     pgqueue.enqueue(conn, common.TASK_TYPE, common.payload(enqueued_at))
                 clock = common.DrainClock(args.warmup + args.tasks)
-                wait_for(conn, args.warmup + args.tasks, clock, workers, deadline, 0.05)
+                common.wait_for(lambda: completed(conn), clock, workers, deadline, 0.05)
             finally:
                 result["worker_exit_codes"] = workers.stop()
         result["settings"] = {

@@ -103,19 +103,15 @@ async def enqueue_bulk(queries: Queries, total: int, batch_size: int) -> float:
     return time.perf_counter() - started
 
 
-async def wait_for(
-    remaining: Callable[[], Awaitable[int]],
-    enqueued: int,
-    clock: common.DrainClock,
-    workers: common.Workers,
-    deadline: common.Deadline,
-    poll: float,
-) -> None:
+def completions(
+    remaining: Callable[[], Awaitable[int]], clock: common.DrainClock
+) -> Callable[[], Awaitable[int]]:
     """Completed = enqueued - rows left: PgQueuer deletes a job from its table when done."""
-    while not clock.observe(enqueued - await remaining()):
-        workers.check_alive()
-        deadline.check(f"waiting for {enqueued} completions")
-        await asyncio.sleep(poll)
+
+    async def done() -> int:
+        return clock.total - await remaining()
+
+    return done
 
 
 async def run(args: Any) -> dict[str, Any]:
@@ -160,7 +156,9 @@ async def run(args: Any) -> dict[str, Any]:
             args.log_dir,
         )
         try:
-            await wait_for(remaining, args.tasks, clock, workers, deadline, args.poll_interval)
+            await common.await_completions(
+                completions(remaining, clock), clock, workers, deadline, args.poll_interval
+            )
         finally:
             result["worker_exit_codes"] = workers.stop()
         result.update(clock.result())
@@ -181,7 +179,9 @@ async def run(args: Any) -> dict[str, Any]:
             for _ in range(args.warmup):
                 await queries.enqueue(common.TASK_TYPE, payload)
             clock = common.DrainClock(args.warmup)
-            await wait_for(remaining, args.warmup, clock, workers, deadline, 0.05)
+            await common.await_completions(
+                completions(remaining, clock), clock, workers, deadline, 0.05
+            )
             await asyncio.sleep(0.5)
             interval = args.interval_ms / 1000
             start = time.monotonic()
@@ -191,8 +191,9 @@ async def run(args: Any) -> dict[str, Any]:
                 data = json.dumps(common.payload(enqueued_at)).encode()
                 await queries.enqueue(common.TASK_TYPE, data)
             clock = common.DrainClock(args.warmup + args.tasks)
-            total = args.warmup + args.tasks
-            await wait_for(remaining, total, clock, workers, deadline, 0.05)
+            await common.await_completions(
+                completions(remaining, clock), clock, workers, deadline, 0.05
+            )
         finally:
             result["worker_exit_codes"] = workers.stop()
         result["settings"] = {

@@ -21,6 +21,7 @@ import atexit
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,23 +85,16 @@ async def enqueue_bulk(total: int, batch_size: int) -> float:
     return time.perf_counter() - started
 
 
-async def wait_for(
-    conn: psycopg.AsyncConnection[Any],
-    target: int,
-    clock: common.DrainClock,
-    workers: common.Workers,
-    deadline: common.Deadline,
-    poll: float,
-) -> None:
-    sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
-    while True:
+def completions(conn: psycopg.AsyncConnection[Any]) -> Callable[[], Awaitable[int]]:
+    """The succeeded jobs' count, polled by common.await_completions."""
+
+    async def count() -> int:
+        sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
         row = await (await conn.execute(sql)).fetchone()
         assert row is not None
-        if clock.observe(int(row[0])):
-            return
-        workers.check_alive()
-        deadline.check(f"waiting for {target} completions")
-        await asyncio.sleep(poll)
+        return int(row[0])
+
+    return count
 
 
 async def run(args: Any) -> dict[str, Any]:
@@ -157,7 +151,9 @@ async def run(args: Any) -> dict[str, Any]:
                     args.log_dir,
                 )
                 try:
-                    await wait_for(conn, args.tasks, clock, workers, deadline, args.poll_interval)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, args.poll_interval
+                    )
                 finally:
                     result["worker_exit_codes"] = workers.stop()
                 result.update(clock.result())
@@ -175,7 +171,9 @@ async def run(args: Any) -> dict[str, Any]:
                     for _ in range(args.warmup):
                         await noop.defer_async(**common.payload())
                     clock = common.DrainClock(args.warmup)
-                    await wait_for(conn, args.warmup, clock, workers, deadline, 0.05)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, 0.05
+                    )
                     await asyncio.sleep(0.5)
                     interval = args.interval_ms / 1000
                     start = time.monotonic()
@@ -185,7 +183,9 @@ async def run(args: Any) -> dict[str, Any]:
                         await noop.defer_async(**common.payload(enqueued_at))
                     total = args.warmup + args.tasks
                     clock = common.DrainClock(total)
-                    await wait_for(conn, total, clock, workers, deadline, 0.05)
+                    await common.await_completions(
+                        completions(conn), clock, workers, deadline, 0.05
+                    )
                 finally:
                     result["worker_exit_codes"] = workers.stop()
                 result["settings"] = {
