@@ -3,7 +3,7 @@
 Each operation is written once, as a generator that yields :class:`Query` objects and receives
 their rows (a "sans-IO" operation). :func:`run` drives it on a sync psycopg connection and
 :func:`arun` on an async one, so sync and async callers share every line of logic and SQL.
-The SQL itself lives in ``sql/tasks.sql``, one named statement each.
+The SQL itself lives in the room files of ``sql/``, one named statement each.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import inspect
 import json
 import re
 import uuid
-from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, cast
@@ -104,20 +104,43 @@ class Copy:
 Op = Generator[Query | Copy, list[Row], T]
 
 
+# The SQL files that hold no named statements: grants.sql is for psql (pgqueue.roles reads it).
+_NOT_STATEMENTS = frozenset({"grants.sql"})
+
+
 @functools.cache
 def statements() -> dict[str, str]:
-    """Named statements from sql/tasks.sql, without their comment lines.
+    """Named statements from the room files of pgqueue/sql/ (one per room of queries), read
+    once, without their comment lines.
 
-    The comments are for readers of the file; sent to the server they were most of each
+    The comments are for readers of the files; sent to the server they were most of each
     statement's bytes, and psycopg keeps its parsed form of a query (placeholders found,
     converted) only for texts of at most 4 KiB: the claim, with its comments, was re-parsed
     on every call."""
-    text = resources.files("pgqueue.sql").joinpath("tasks.sql").read_text(encoding="utf-8")
+    files = sorted(resources.files("pgqueue.sql").iterdir(), key=lambda f: f.name)
+    return parse_statements(
+        (f.name, f.read_text(encoding="utf-8"))
+        for f in files
+        if f.name.endswith(".sql") and f.name not in _NOT_STATEMENTS
+    )
+
+
+def parse_statements(files: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The statements of (file name, text) pairs by name. A name in two places is refused:
+    which text ran would depend on the order the files were read in."""
     out: dict[str, str] = {}
-    for chunk in re.split(r"^-- name: ", text, flags=re.M)[1:]:
-        name, _, body = chunk.partition("\n")
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        out[name.strip()] = "\n".join(line for line in lines if line.strip()).strip()
+    home: dict[str, str] = {}
+    for file_name, text in files:
+        for chunk in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+            name, _, body = chunk.partition("\n")
+            name = name.strip()
+            if name in out:
+                raise RuntimeError(
+                    f"the statement {name!r} is named twice: in {home[name]} and {file_name}"
+                )
+            lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+            out[name] = "\n".join(line for line in lines if line.strip()).strip()
+            home[name] = file_name
     return out
 
 

@@ -12,7 +12,7 @@ Why notifications and a poll: a finishing statement notifies only the tasks some
 can still be missed (a LISTEN connection that dropped, a path that finishes a task without
 the wake-up), which the poll, every ``poll_interval`` seconds, covers. Registering locks the
 task's row ``FOR SHARE`` for an instant, which closes the race with a finish in flight (see
-``task_waiter_add`` in sql/tasks.sql), so the poll is a fallback, not the usual path.
+``task_waiter_add`` in sql/waiting.sql), so the poll is a fallback, not the usual path.
 """
 
 from __future__ import annotations

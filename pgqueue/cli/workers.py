@@ -321,7 +321,7 @@ def _preload(options: WorkerOptions) -> None:
     from pgqueue import migrate, queries
 
     migrate.revisions()  # the revision files, read (and cached) once
-    queries.statements()  # sql/tasks.sql, likewise
+    queries.statements()  # the SQL files, likewise
     if options.metrics_port is not None:
         import http.server  # noqa: F401  (the metrics server's)
 

@@ -199,7 +199,7 @@ class Maintenance:
         return int(changed or 0)
 
     async def promote_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        """The starvation policy (see task_promote in sql/tasks.sql), in bounded batches."""
+        """The starvation policy (see task_promote in sql/queues.sql), in bounded batches."""
         if not self.config.promote_after:
             return 0
         promoted = 0
