@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pgqueue import arguments, config, queries, tracing
+from pgqueue import arguments, config, tracing
 from pgqueue.cron import Schedule
 from pgqueue.enqueue import (
     PLAIN_KEYS,
@@ -63,15 +63,26 @@ from pgqueue.models import (
     built,
 )
 from pgqueue.queries import (
-    HeartbeatResult,
+    claiming,
+    dependencies,
+    leased,
+    queues,
+    schedules,
+    stats,
+    submitting,
+    task_types,
+    tasks,
+)
+from pgqueue.queries.driver import (
     Op,
-    TaskSpec,
     WaitOp,
     atomic_operation,
     mapped,
     operation,
     waiting_operation,
 )
+from pgqueue.queries.leased import HeartbeatResult
+from pgqueue.queries.specs import TaskSpec
 from pgqueue.result_encoding import encode_result
 from pgqueue.waiting import DEFAULT_POLL_INTERVAL, wait_loop, workflow_wait_loop
 
@@ -285,7 +296,7 @@ def enqueue(
 def _insert(spec: TaskSpec, now: datetime | None, key_reuse: KeyReuse) -> Op[EnqueueResult]:
     # A queue left out is the type's declared one, known only once inserted.
     with tracing.submit_span(spec.type, spec.queue or "(declared)") as trace_context:
-        task, created = yield from queries.task_insert(spec, now, trace_context, key_reuse)
+        task, created = yield from submitting.task_insert(spec, now, trace_context, key_reuse)
     return EnqueueResult(task, created)
 
 
@@ -315,7 +326,7 @@ def _insert_many(
     queues = {s.queue or "(declared)" for s in specs}
     type_, queue = tracing.batch_names({s.type for s in specs}, queues)
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
-        rows = yield from queries.task_insert_many(specs, now, trace_context, key_reuse)
+        rows = yield from submitting.task_insert_many(specs, now, trace_context, key_reuse)
     # (built: an EnqueueResult's __init__ is a fifth of a task's own)
     return [built(EnqueueResult, {"task": t, "created": c}) for t, c in rows]
 
@@ -374,7 +385,7 @@ def _insert_columns(
     ids = new_task_ids(len(payloads))
     queue = template.queue or "(declared)"
     with tracing.submit_span(template.type, queue, count=len(ids)) as trace_context:
-        yield from queries.task_copy_columns(template, ids, payloads, now, trace_context)
+        yield from submitting.task_copy_columns(template, ids, payloads, now, trace_context)
     return ids
 
 
@@ -412,7 +423,7 @@ def _kind(value: object) -> str:
 
 
 def _check_arguments(type: str, payload: Mapping[str, Any]) -> Op[None]:
-    description = yield from queries.task_type_parameters(type)
+    description = yield from task_types.task_type_parameters(type)
     if description is not None:
         arguments.check_arguments(description, payload)
 
@@ -424,19 +435,19 @@ def _check_arguments(type: str, payload: Mapping[str, Any]) -> Op[None]:
 def parents(task_id: uuid.UUID | str) -> Op[list[Parent]]:
     """The parents of a task (its depends_on, in that order) with their statuses and
     results; empty for a task without parents (issue 16)."""
-    return queries.task_parents(parse_task_id(task_id))
+    return dependencies.task_parents(parse_task_id(task_id))
 
 
 @operation
 def children(task_id: uuid.UUID | str) -> Op[list[Parent]]:
     """The tasks that depend on this one, with their statuses (issue 16)."""
-    return queries.task_children(parse_task_id(task_id))
+    return dependencies.task_children(parse_task_id(task_id))
 
 
 @operation
 def get_task(task_id: uuid.UUID | str) -> Op[Task]:
     """The task with this id; TaskNotFound for an unknown (or malformed) id."""
-    return queries.task_get(parse_task_id(task_id))
+    return tasks.task_get(parse_task_id(task_id))
 
 
 @operation
@@ -449,7 +460,7 @@ def list_tasks(
     before: Task | tuple[datetime, uuid.UUID] | None = None,
 ) -> Op[list[Task]]:
     """Tasks newest first; pass the last task of a page as ``before`` for the next page."""
-    return queries.task_list(**list_args(status, type, queue, limit, before))
+    return tasks.task_list(**list_args(status, type, queue, limit, before))
 
 
 @operation
@@ -462,7 +473,7 @@ def cancel(task_id: uuid.UUID | str, *, now: datetime | None = None) -> Op[Task]
     once (at the next heartbeat if the notification was lost) and may raise ``Cancel``; if
     it completes anyway, the result stands. A finished task raises InvalidTaskState.
     """
-    return queries.task_cancel(parse_task_id(task_id), now)
+    return tasks.task_cancel(parse_task_id(task_id), now)
 
 
 @operation
@@ -481,7 +492,7 @@ def replay(
     """
     check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
-    return queries.task_replay(parsed, type, queue, check_limit(limit), now)
+    return tasks.task_replay(parsed, type, queue, check_limit(limit), now)
 
 
 @operation
@@ -495,7 +506,7 @@ def discard(
     """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids."""
     check_filters(type=type, queue=queue)
     parsed = [parse_task_id(i) for i in ids] if ids is not None else None
-    return queries.task_discard(parsed, type, queue, check_limit(limit))
+    return tasks.task_discard(parsed, type, queue, check_limit(limit))
 
 
 @operation
@@ -503,7 +514,7 @@ def count_dead_letters(*, type: str | None = None, queue: str | None = None) -> 
     """How many dead letters match the filters: what a ``replay`` or ``discard`` by the same
     filters would take (less any that change meanwhile), for a confirmation to name."""
     check_filters(type=type, queue=queue)
-    return queries.task_dead_count(type, queue)
+    return tasks.task_dead_count(type, queue)
 
 
 @operation
@@ -511,7 +522,7 @@ def queue_stats() -> Op[list[QueueStats]]:
     """Depth per queue, priority and status, with the age of the oldest ready task. It counts
     the finished tasks kept too, so it reads the whole table: for something asked every few
     seconds (a scraper, a dashboard, an autoscaler), use :func:`backlog`."""
-    return queries.queue_depth()
+    return stats.queue_depth()
 
 
 MAX_SERIES_MINUTES = 1440  # a day of per-minute points
@@ -525,14 +536,14 @@ def throughput_series(
     oldest first with every minute present, of ``queue`` or of every queue."""
     check_filters(queue=queue)
     span = check_limit(minutes, "minutes", MAX_SERIES_MINUTES)
-    return queries.throughput_series(span, queue, now)
+    return stats.throughput_series(span, queue, now)
 
 
 @operation
 def recent_failures(*, limit: int = 20) -> Op[list[Failure]]:
     """Recent failures: up to ``limit`` tasks waiting for a retry after a failed attempt
     (latest next attempt first), then up to ``limit`` dead letters (newest first)."""
-    return queries.task_failures(check_limit(limit))
+    return stats.task_failures(check_limit(limit))
 
 
 @operation
@@ -541,7 +552,7 @@ def overview() -> Op[list[QueueStats]]:
     and dead-lettered tasks (not completed or cancelled ones): what `pgqueue stats`, the API
     and the dashboard show, read through partial indexes, so it may be asked every few
     seconds."""
-    return queries.queue_overview()
+    return stats.queue_overview()
 
 
 @operation
@@ -549,7 +560,7 @@ def backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:
     """Per queue (these, or all) and priority: ready, scheduled and running tasks and the age
     of the oldest ready one, read from queued and running tasks only (the autoscaling
     signal; ``pgqueue.backlog`` in SQL)."""
-    return queries.queue_backlog(queues)
+    return stats.queue_backlog(queues)
 
 
 @operation
@@ -559,7 +570,7 @@ def oldest_snapshot() -> Op[OldestSnapshot | None]:
     prepared transaction), or None. Workers keep their claims cheap while one is open, but
     the table and its indexes grow until it ends: see the README's "When the database holds
     an old snapshot". Full detail on other roles' sessions needs pg_read_all_stats."""
-    return queries.oldest_snapshot()
+    return stats.oldest_snapshot()
 
 
 def _tick_spec(schedule: Schedule, registry: Any = None) -> Callable[[datetime], TaskSpec]:
@@ -587,14 +598,14 @@ def run_schedule(
     """Enqueue the schedule's due ticks, once across every caller (see TaskRegistry.periodic).
     Workers do this on their own; call it to drive a schedule from elsewhere."""
     moment = now or datetime.now(UTC)
-    op = queries.schedule_run(schedule, _tick_spec(schedule, registry), moment)
+    op = schedules.schedule_run(schedule, _tick_spec(schedule, registry), moment)
     return mapped(op, _enqueue_results)
 
 
 @operation
 def list_schedules() -> Op[list[dict[str, Any]]]:
     """Every schedule a worker has declared: cron, time zone, last tick and next run."""
-    return queries.schedule_list()
+    return schedules.schedule_list()
 
 
 @operation
@@ -605,7 +616,7 @@ def promote_aged(
     priority and wait another ``after_seconds`` before the next step. Workers run this in
     their maintenance (``--promote-after``); call it yourself to run it elsewhere."""
     seconds = check_seconds("after_seconds", after_seconds)
-    op = queries.task_promote(seconds, check_limit(limit), now)
+    op = queues.task_promote(seconds, check_limit(limit), now)
     return mapped(op, lambda promoted: [task_id for task_id, *_ in promoted])
 
 
@@ -624,13 +635,13 @@ def pause_queue(queue: str, *, create: bool = True, now: datetime | None = None)
 
 def _pause(queue: str, create: bool, now: datetime | None) -> Op[QueueState]:
     yield from _known_unless_created(queue, create, "pause it")
-    return (yield from queries.queue_pause(queue, now))
+    return (yield from queues.queue_pause(queue, now))
 
 
 def _known_unless_created(queue: str, create: bool, doing: str) -> Op[None]:
     """Refuse a setting on a queue nobody knows (no tasks, no settings) unless ``create``:
     such a name is most often a typo, and its setting would sit there unnoticed."""
-    if not create and not (yield from queries.queue_known(queue)):
+    if not create and not (yield from queues.queue_known(queue)):
         raise QueueNotFound(
             queue,
             f"to {doing} before its first task, say so: create=True (CLI: --create, "
@@ -641,20 +652,20 @@ def _known_unless_created(queue: str, create: bool, doing: str) -> Op[None]:
 @operation
 def resume_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
     """Let workers claim from ``queue`` again; idle workers are woken when you commit."""
-    return queries.queue_resume(check_name("queue", queue), now)
+    return queues.queue_resume(check_name("queue", queue), now)
 
 
 @operation
 def remove_queue(queue: str) -> Op[bool]:
     """Forget the settings of ``queue`` (paused, retention): a paused one runs again, with
     the workers' retention. Its tasks are not touched. Whether it had any settings."""
-    return queries.queue_remove(check_name("queue", queue))
+    return queues.queue_remove(check_name("queue", queue))
 
 
 @operation
 def list_queues() -> Op[list[QueueState]]:
     """Queues with tasks (in any status) or a setting, and whether each is paused."""
-    return queries.queue_list()
+    return queues.queue_list()
 
 
 @operation
@@ -687,7 +698,7 @@ def _set_retention(
     queue: str, completed: float | None, dead: float | None, create: bool, now: datetime | None
 ) -> Op[QueueState]:
     yield from _known_unless_created(queue, create, "set its retention")
-    return (yield from queries.queue_set_retention(queue, completed, dead, now))
+    return (yield from queues.queue_set_retention(queue, completed, dead, now))
 
 
 @operation
@@ -706,20 +717,20 @@ def set_limit(
     in the database, so it holds however many worker processes and hosts run; claims obey it
     from the next one on. 0 stops the tasks without pausing the queue."""
     kind, name = limit_target(type, queue)
-    return queries.limit_set(kind, name, *limit_values(max_running, rate, per), now)
+    return queues.limit_set(kind, name, *limit_values(max_running, rate, per), now)
 
 
 @operation
 def clear_limit(*, type: str | None = None, queue: str | None = None) -> Op[bool]:
     """Remove the limit on a type or queue (its tasks are claimed as any others); whether
     there was one."""
-    return queries.limit_clear(*limit_target(type, queue))
+    return queues.limit_clear(*limit_target(type, queue))
 
 
 @operation
 def list_limits(*, now: datetime | None = None) -> Op[list[Limit]]:
     """Every limit, with the tasks running under it and its starts in the rate window."""
-    return queries.limit_list(now)
+    return queues.limit_list(now)
 
 
 @operation
@@ -727,7 +738,7 @@ def throughput(
     *, window_seconds: float = 60, now: datetime | None = None
 ) -> Op[list[QueueThroughput]]:
     """Per queue, the tasks completed and dead-lettered in the last ``window_seconds``."""
-    return queries.queue_throughput(check_window(window_seconds), now)
+    return stats.queue_throughput(check_window(window_seconds), now)
 
 
 # --- working (what a worker calls) -----------------------------------------------------------
@@ -750,7 +761,7 @@ def claim(
     guarantee"), and so does anything else written in it: give the claim a transaction of
     its own, as the worker does.
     """
-    op = queries.claim_round(
+    op = claiming.claim_round(
         queues=list(queues),
         limit=check_limit(limit),
         owner=worker_id,
@@ -763,7 +774,7 @@ def claim(
 @operation
 def complete(lease: Lease, result: Any = None, *, now: datetime | None = None) -> Op[None]:
     """Record success; raises LeaseLost (and writes nothing) if the lease is no longer held."""
-    return queries.task_complete(lease, _results([(lease, result)])[0][1], now)
+    return leased.task_complete(lease, _results([(lease, result)])[0][1], now)
 
 
 @operation
@@ -771,7 +782,7 @@ def complete_many(
     results: Iterable[tuple[Lease, Any]], *, now: datetime | None = None
 ) -> Op[set[uuid.UUID]]:
     """Record many successes in one statement; returns the ids whose lease was still held."""
-    return queries.task_complete_many(_results(results), now)
+    return leased.task_complete_many(_results(results), now)
 
 
 @operation
@@ -788,13 +799,13 @@ def fail(
 
     ``policy`` (a task type's RetryPolicy) replaces the task's own max attempts and backoff
     from this attempt on."""
-    return queries.task_fail(lease, error, check_retry_after(retry_after), now, policy)
+    return leased.task_fail(lease, error, check_retry_after(retry_after), now, policy)
 
 
 @operation
 def cancel_leased(lease: Lease, reason: str, *, now: datetime | None = None) -> Op[None]:
     """The holder cancels its own task (a handler raised Cancel): final, not retried."""
-    return queries.task_cancel_leased(lease, reason, now)
+    return leased.task_cancel_leased(lease, reason, now)
 
 
 # --- issue 15: snooze and expiry ------------------------------------------------------------
@@ -817,7 +828,7 @@ def snooze(
     bound = config.max_snoozes() if max_snoozes is None else max_snoozes
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
         raise ValidationError("max_snoozes", f"must be an integer >= 0, not {bound!r}")
-    return queries.task_snooze(lease, seconds, max_snoozes=bound, reason=reason, now=now)
+    return leased.task_snooze(lease, seconds, max_snoozes=bound, reason=reason, now=now)
 
 
 @operation
@@ -825,7 +836,7 @@ def expire(*, limit: int = 1000, now: datetime | None = None) -> Op[list[uuid.UU
     """Cancel, with the reason ``expired``, up to ``limit`` waiting tasks whose expiry passed
     before any attempt was spent; their ids. Workers do this in their maintenance (every
     sweep); claims never start such a task meanwhile."""
-    op = queries.task_expire(check_limit(limit), now)
+    op = claiming.task_expire(check_limit(limit), now)
     return mapped(op, lambda rows: [row["id"] for row in rows])
 
 
@@ -837,19 +848,19 @@ def heartbeat(
     now: datetime | None = None,
 ) -> Op[HeartbeatResult]:
     """Extend leases still held; the result lists them and any cancellation requests."""
-    return queries.task_heartbeat(leases, check_lease(lease_seconds), now)
+    return leased.task_heartbeat(leases, check_lease(lease_seconds), now)
 
 
 @operation
 def release(leases: Sequence[Lease], *, now: datetime | None = None) -> Op[set[uuid.UUID]]:
     """Give tasks back without counting the attempt (graceful shutdown)."""
-    return queries.task_release(leases, now)
+    return leased.task_release(leases, now)
 
 
 @operation
 def sweep_expired(*, limit: int = 1000, now: datetime | None = None) -> Op[SweepResult]:
     """Requeue (or dead-letter) running tasks whose lease expired; one batch per call."""
-    return queries.task_sweep_expired(check_limit(limit), now)
+    return claiming.task_sweep_expired(check_limit(limit), now)
 
 
 @operation
@@ -869,8 +880,8 @@ def prune(
 
 def _prune(completed_after: float, dead_after: float, limit: int, now: datetime | None) -> Op[int]:
     finished = [TaskStatus.COMPLETED, TaskStatus.CANCELLED]
-    done: int = yield from queries.task_prune(finished, completed_after, limit, now)
-    dead: int = yield from queries.task_prune([TaskStatus.FAILED], dead_after, limit, now)
+    done: int = yield from queues.task_prune(finished, completed_after, limit, now)
+    dead: int = yield from queues.task_prune([TaskStatus.FAILED], dead_after, limit, now)
     return done + dead
 
 
@@ -927,7 +938,7 @@ def workflow(workflow_id: uuid.UUID | str) -> Op[WorkflowInfo]:
     cancelled: derived from its tasks as the pgqueue.workflows view does), how many tasks are
     in each status, its tasks in build order with their parents and children, and its final
     result (``.result``). WorkflowNotFound if no task belongs to it."""
-    return queries.workflow_get(parse_workflow_id(workflow_id))
+    return dependencies.workflow_get(parse_workflow_id(workflow_id))
 
 
 @operation
@@ -945,10 +956,10 @@ def cancel_workflow(
 
 
 def _cancel_workflow(workflow_id: uuid.UUID, now: datetime | None) -> Op[WorkflowInfo]:
-    info: WorkflowInfo = yield from queries.workflow_get(workflow_id)  # WorkflowNotFound
+    info: WorkflowInfo = yield from dependencies.workflow_get(workflow_id)  # WorkflowNotFound
     if not info.status.is_final:
-        yield from queries.workflow_cancel(workflow_id, now)
-        info = yield from queries.workflow_get(workflow_id)
+        yield from dependencies.workflow_cancel(workflow_id, now)
+        info = yield from dependencies.workflow_get(workflow_id)
     return info
 
 

@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from pgqueue.queries import parse_statements, statements
+from pgqueue.queries.driver import parse_statements, statements
 
 
 def test_a_name_given_twice_is_refused_naming_both_files() -> None:
