@@ -2,9 +2,9 @@
 
 The loop registers the waiter and reads the task in one statement (``task_waiter_add``), then
 sleeps until a notification for the task arrives on ``pgqueue_done`` or a poll is due, and
-reads the task again, until it is final or the time is up. Three drivers run it: on the
-caller's sync connection (:func:`pgqueue.queries.driver.run_waiting`), on an async one
-(:func:`pgqueue.queries.driver.arun_waiting`), and in the HTTP API on one shared LISTEN
+reads the task again, until it is final or the time is up. It runs on the caller's sync or
+async connection (:func:`pgqueue.queries.driver.drive` and ``adrive``, each statement in a
+transaction of its own: ``Transaction.EACH_STEP``), and in the HTTP API on one shared LISTEN
 connection for every waiting request (:mod:`pgqueue.api.waiters`).
 
 Why notifications and a poll: a finishing statement notifies only the tasks someone waits on

@@ -1,15 +1,21 @@
-"""How a sans-IO op reaches the database: the steps it yields, the drivers that run them.
+"""How a sans-IO op reaches the database: the steps it yields, and the drivers that run them.
 
-An op is a generator that yields steps (:class:`Query`, :class:`Copy`, and, for a wait loop,
-:class:`Listen` and :class:`AwaitNotify`) and receives each one's reply, so sync and async
-callers share every line of logic and SQL. The statements are read here, by name, from the
-room files under ``pgqueue/sql/``; psycopg's errors become pgqueue's here; and
-``@operation`` binds a builder of ops to both drivers at once.
+Each operation is written once, as a generator that yields steps and receives their replies
+(a "sans-IO" op): :class:`Query` (a named statement: its rows come back), :class:`Copy`
+(rows streamed in), and, for a wait loop, :class:`Listen` and :class:`AwaitNotify`.
+:func:`drive` runs an op on a sync psycopg connection and :func:`adrive` on an async one, so
+sync and async callers share every line of logic and SQL; both understand every kind of
+step, and a :class:`Transaction` says which transaction the steps run in.
+
+Also here: the statements, read by name from the room files of ``pgqueue/sql/``; psycopg's
+errors turned into pgqueue's; and ``@operation``, which binds a builder of ops to both
+drivers at once (``pgqueue.operations``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -29,6 +35,9 @@ from pgqueue.errors import DatabaseUnavailable, SchemaNotReady
 T = TypeVar("T")
 U = TypeVar("U")
 Row = dict[str, Any]
+
+
+# --- the steps -------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +73,35 @@ class Copy:
 
 Op = Generator[Query | Copy, list[Row], T]
 
+# A wait blocks on notifications, which a plain op cannot ask for: its loop (pgqueue.waiting)
+# yields two more kinds of step besides statements, and is driven with Transaction.EACH_STEP
+# on the caller's connection (the API's waiter hub drives the same loop its own way).
+
+
+@dataclasses.dataclass(frozen=True)
+class Listen:
+    """Start (or, ``listen=False``, stop) listening on ``channel`` for the wait of
+    ``task_id``, which the refusal to wait inside a transaction names."""
+
+    channel: str
+    task_id: uuid.UUID
+    listen: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AwaitNotify:
+    """Sleep until a notification on ``channel`` arrives or ``seconds`` pass. The driver
+    sends back the payloads received: empty when the time ran out."""
+
+    channel: str
+    seconds: float
+
+
+WaitStep = Query | Copy | Listen | AwaitNotify
+WaitOp = Generator[WaitStep, Any, T]
+
+
+# --- the statements --------------------------------------------------------------------------
 
 # The SQL files that hold no named statements: grants.sql is for psql (pgqueue.roles reads it).
 _NOT_STATEMENTS = frozenset({"grants.sql"})
@@ -105,6 +143,8 @@ def parse_statements(files: Iterable[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
+# --- errors ----------------------------------------------------------------------------------
+
 _MISSING_SCHEMA = (
     "the pgqueue schema is missing or out of date in this database ({detail}); "
     "run `pgqueue migrate` (or pgqueue.migrate.upgrade()) first"
@@ -130,90 +170,158 @@ def _translate(exc: psycopg.Error) -> Exception | None:
     return None
 
 
-def run(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
-    """Drive ``op`` on a sync connection (psycopg or SQLAlchemy). Never commits the caller's
-    transaction; ``atomic`` ops of several statements get one of their own on an autocommit
-    connection, so they cannot half-happen there either."""
+def _translated(exc: BaseException) -> BaseException:
+    """What the caller sees for an error of the driver: pgqueue's own error where one says
+    more (as ``raise ... from exc``), else the error itself."""
+    translated = _translate(exc) if isinstance(exc, psycopg.Error) else None
+    if translated is None:
+        return exc
+    translated.__cause__ = exc
+    translated.__suppress_context__ = True
+    return translated
+
+
+# --- the drivers -----------------------------------------------------------------------------
+
+
+class Transaction(enum.Enum):
+    """Which transaction a driver runs an op's steps in."""
+
+    # The caller's: whatever the connection is in (on an autocommit connection, each
+    # statement is its own). Never commits: the caller's transaction decides.
+    CALLERS = "callers"
+    # Ops of several statements that must not half-happen: one transaction of their own
+    # around every step on an autocommit connection; inside a transaction, the caller's.
+    ATOMIC = "atomic"
+    # Each statement in a transaction of its own (its own statement on an autocommit
+    # connection), so that notifications reach the connection between them: a wait loop's.
+    EACH_STEP = "each_step"
+
+
+def drive(conn: Any, op: WaitOp[T], transaction: Transaction = Transaction.CALLERS) -> T:
+    """Run ``op`` on a sync connection (psycopg or SQLAlchemy), in ``transaction``."""
     raw = db.sync_connection(conn)
-    if atomic and raw.autocommit:
+    if transaction is Transaction.ATOMIC and raw.autocommit:
         with raw.transaction():
-            return _drive(raw, op)
-    return _drive(raw, op)
+            return _loop(raw, op, False)
+    return _loop(raw, op, transaction is Transaction.EACH_STEP)
 
 
-def _drive(raw: psycopg.Connection[Any], op: Op[T]) -> T:
+def _loop(raw: psycopg.Connection[Any], op: WaitOp[T], each_step: bool) -> T:
     sql = statements()
     try:
-        query = next(op)
+        step = next(op)
         while True:
             try:
-                rows = _execute(raw, sql, query)
+                reply = _step(raw, sql, step, each_step)
             except BaseException as exc:
                 # Thrown into the operation, so that what it holds open (a tracing span)
                 # ends with the real error; it propagates from there.
-                query = op.throw(_translated(exc))
+                step = op.throw(_translated(exc))
             else:
-                query = op.send(rows)
+                step = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-def _execute(
-    raw: psycopg.Connection[Any], sql: Mapping[str, str], query: Query | Copy
+def _step(
+    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: WaitStep, each_step: bool
+) -> Any:
+    """One step's reply: a statement's rows (none: []), or the notifications received."""
+    if isinstance(step, Query) and not each_step:
+        # The hot path (every enqueue, claim and completion), tested first.
+        with raw.cursor(row_factory=tuple_row if step.tuples else dict_row) as cur:
+            cur.execute(sql[step.name], step.params, prepare=step.prepare)
+            return cur.fetchall() if _has_rows(cur) else []
+    if isinstance(step, AwaitNotify):
+        return [
+            n.payload
+            for n in raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+            if n.channel == step.channel
+        ]
+    if isinstance(step, Listen):
+        _check_idle(raw, step)
+    if each_step and not raw.autocommit:
+        with raw.transaction():
+            return _statement(raw, sql, step)
+    return _statement(raw, sql, step)
+
+
+def _statement(
+    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
 ) -> list[Row]:
-    with raw.cursor(row_factory=_row_factory(query)) as cur:
-        if isinstance(query, Copy):
-            cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see _COPY_TYPES
-            with cur.copy(sql[query.name]) as copy:
-                copy.set_types(query.types)
-                for row in query.rows:
-                    copy.write_row(row)
-            return []
-        cur.execute(sql[query.name], query.params, prepare=query.prepare)
-        return cur.fetchall() if _has_rows(cur) else []
+    if isinstance(step, Query):
+        return _step(raw, sql, step, False)  # type: ignore[no-any-return]
+    if isinstance(step, Listen):
+        raw.execute(_listen_sql(step))
+        return []
+    with raw.cursor() as cur:
+        cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see submitting._COPY_TYPES
+        with cur.copy(sql[step.name]) as copy:
+            copy.set_types(step.types)
+            for row in step.rows:
+                copy.write_row(row)
+    return []
 
 
-async def arun(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
-    """Drive ``op`` on an async connection (psycopg or SQLAlchemy); as :func:`run`."""
+async def adrive(conn: Any, op: WaitOp[T], transaction: Transaction = Transaction.CALLERS) -> T:
+    """Run ``op`` on an async connection (psycopg or SQLAlchemy); as :func:`drive`."""
     raw = await db.async_connection(conn)
-    if atomic and raw.autocommit:
+    if transaction is Transaction.ATOMIC and raw.autocommit:
         async with raw.transaction():
-            return await _adrive(raw, op)
-    return await _adrive(raw, op)
+            return await _aloop(raw, op, False)
+    return await _aloop(raw, op, transaction is Transaction.EACH_STEP)
 
 
-async def _adrive(raw: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+async def _aloop(raw: psycopg.AsyncConnection[Any], op: WaitOp[T], each_step: bool) -> T:
     sql = statements()
     try:
-        query = next(op)
+        step = next(op)
         while True:
             try:
-                rows = await _aexecute(raw, sql, query)
-            except BaseException as exc:  # cancellation too: see _drive
-                query = op.throw(_translated(exc))
+                reply = await _astep(raw, sql, step, each_step)
+            except BaseException as exc:  # cancellation too: see _loop
+                step = op.throw(_translated(exc))
             else:
-                query = op.send(rows)
+                step = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def _aexecute(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], query: Query | Copy
+async def _astep(
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: WaitStep, each_step: bool
+) -> Any:
+    """One step's reply; as :func:`_step`."""
+    if isinstance(step, Query) and not each_step:
+        async with raw.cursor(row_factory=tuple_row if step.tuples else dict_row) as cur:
+            await cur.execute(sql[step.name], step.params, prepare=step.prepare)
+            return await cur.fetchall() if _has_rows(cur) else []
+    if isinstance(step, AwaitNotify):
+        notifies = raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+        return [n.payload async for n in notifies if n.channel == step.channel]
+    if isinstance(step, Listen):
+        _check_idle(raw, step)
+    if each_step and not raw.autocommit:
+        async with raw.transaction():
+            return await _astatement(raw, sql, step)
+    return await _astatement(raw, sql, step)
+
+
+async def _astatement(
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
 ) -> list[Row]:
-    async with raw.cursor(row_factory=_row_factory(query)) as cur:
-        if isinstance(query, Copy):
-            cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see _COPY_TYPES
-            async with cur.copy(sql[query.name]) as copy:
-                copy.set_types(query.types)
-                for row in query.rows:
-                    await copy.write_row(row)
-            return []
-        await cur.execute(sql[query.name], query.params, prepare=query.prepare)
-        return await cur.fetchall() if _has_rows(cur) else []
-
-
-def _row_factory(query: Query | Copy) -> Any:
-    return tuple_row if isinstance(query, Query) and query.tuples else dict_row
+    if isinstance(step, Query):
+        return await _astep(raw, sql, step, False)  # type: ignore[no-any-return]
+    if isinstance(step, Listen):
+        await raw.execute(_listen_sql(step))
+        return []
+    async with raw.cursor() as cur:
+        cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see submitting._COPY_TYPES
+        async with cur.copy(sql[step.name]) as copy:
+            copy.set_types(step.types)
+            for row in step.rows:
+                await copy.write_row(row)
+    return []
 
 
 def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
@@ -227,16 +335,33 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
-def _translated(exc: BaseException) -> BaseException:
-    """What the caller sees for an error of the driver: pgqueue's own error where one says
-    more (as ``raise ... from exc``), else the error itself."""
-    translated = _translate(exc) if isinstance(exc, psycopg.Error) else None
-    if translated is None:
-        return exc
-    translated.__cause__ = exc
-    translated.__suppress_context__ = True
-    return translated
+def _listen_sql(step: Listen) -> psycopg.sql.Composed:
+    verb = "LISTEN" if step.listen else "UNLISTEN"
+    return psycopg.sql.SQL(verb + " {}").format(psycopg.sql.Identifier(step.channel))
 
+
+def _check_idle(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], step: Listen) -> None:
+    # Inside a transaction a wait cannot end: what it enqueued there is invisible to workers,
+    # and notifications are only delivered between transactions.
+    if step.listen and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        from pgqueue.errors import WaitInTransaction
+
+        raise WaitInTransaction(step.task_id)
+
+
+def run(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
+    """Drive ``op`` on a sync connection (psycopg or SQLAlchemy). Never commits the caller's
+    transaction; ``atomic`` ops of several statements get one of their own on an autocommit
+    connection, so they cannot half-happen there either."""
+    return drive(conn, op, Transaction.ATOMIC if atomic else Transaction.CALLERS)
+
+
+async def arun(conn: Any, op: Op[T], *, atomic: bool = False) -> T:
+    """Drive ``op`` on an async connection (psycopg or SQLAlchemy); as :func:`run`."""
+    return await adrive(conn, op, Transaction.ATOMIC if atomic else Transaction.CALLERS)
+
+
+# --- one operation, two drivers --------------------------------------------------------------
 
 P = ParamSpec("P")
 R_co = TypeVar("R_co", covariant=True)
@@ -256,38 +381,36 @@ class Operation(Protocol[P, R_co]):
 
 
 def operation(build: Callable[P, Op[T]]) -> Operation[P, T]:
-    """Bind an op builder to :func:`run` (the returned function) and :func:`arun` (its
-    ``.aio``). The builder validates its arguments before returning the op, so bad input is
-    refused before a connection is touched, in both forms alike."""
-    return _bind(build, atomic=False)
+    """Bind an op builder to :func:`drive` (the returned function) and :func:`adrive` (its
+    ``.aio``), in the caller's transaction. The builder validates its arguments before
+    returning the op, so bad input is refused before a connection is touched, in both forms
+    alike."""
+    return _bind(build, Transaction.CALLERS)
 
 
 def atomic_operation(build: Callable[P, Op[T]]) -> Operation[P, T]:
     """As :func:`operation`, for ops of several statements that must not half-happen."""
-    return _bind(build, atomic=True)
+    return _bind(build, Transaction.ATOMIC)
 
 
-def _bind(
-    build: Callable[P, Any],
-    *,
-    atomic: bool,
-    sync_driver: Callable[..., Any] | None = None,
-    async_driver: Callable[..., Any] | None = None,
-) -> Operation[P, T]:
-    drive = sync_driver or functools.partial(run, atomic=atomic)
-    adrive = async_driver or functools.partial(arun, atomic=atomic)
+def waiting_operation(build: Callable[P, WaitOp[T]]) -> Operation[P, T]:
+    """As :func:`operation`, for a wait loop: each of its statements in a transaction of its
+    own, so that notifications arrive between them."""
+    return _bind(build, Transaction.EACH_STEP)
 
+
+def _bind(build: Callable[P, Any], transaction: Transaction) -> Operation[P, T]:
     def call(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return drive(conn, build(*args, **kwargs))  # type: ignore[no-any-return]
+        return drive(conn, build(*args, **kwargs), transaction)  # type: ignore[no-any-return]
 
     async def acall(conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await adrive(conn, build(*args, **kwargs))
+        return await adrive(conn, build(*args, **kwargs), transaction)
 
     def call_plain(conn: Any) -> T:
-        return drive(conn, build())  # type: ignore[call-arg,no-any-return]
+        return drive(conn, build(), transaction)  # type: ignore[call-arg,no-any-return]
 
     async def acall_plain(conn: Any) -> T:
-        return await adrive(conn, build())  # type: ignore[call-arg]
+        return await adrive(conn, build(), transaction)  # type: ignore[call-arg]
 
     # An operation of the connection alone takes it by keyword too, as it always has.
     plain = not inspect.signature(build).parameters
@@ -330,130 +453,3 @@ def dumps(value: Any) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"contains a string that is not valid Unicode ({exc.reason})") from None
     return text
-
-
-@dataclasses.dataclass(frozen=True)
-class Listen:
-    """Start (or, ``listen=False``, stop) listening on ``channel`` for the wait of
-    ``task_id``, which the refusal to wait inside a transaction names."""
-
-    channel: str
-    task_id: uuid.UUID
-    listen: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class AwaitNotify:
-    """Sleep until a notification on ``channel`` arrives or ``seconds`` pass. The driver
-    sends back the payloads received: empty when the time ran out."""
-
-    channel: str
-    seconds: float
-
-
-WaitStep = Query | Copy | Listen | AwaitNotify
-WaitOp = Generator[WaitStep, Any, T]
-
-
-def waiting_operation(build: Callable[P, WaitOp[T]]) -> Operation[P, T]:
-    """As :func:`operation`, for a wait loop: bound to :func:`run_waiting` and
-    :func:`arun_waiting` instead."""
-    return _bind(build, atomic=False, sync_driver=run_waiting, async_driver=arun_waiting)
-
-
-def _listen_sql(step: Listen) -> psycopg.sql.Composed:
-    verb = "LISTEN" if step.listen else "UNLISTEN"
-    return psycopg.sql.SQL(verb + " {}").format(psycopg.sql.Identifier(step.channel))
-
-
-def _check_idle(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], step: Listen) -> None:
-    # Inside a transaction a wait cannot end: what it enqueued there is invisible to workers,
-    # and notifications are only delivered between transactions.
-    if step.listen and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        from pgqueue.errors import WaitInTransaction
-
-        raise WaitInTransaction(step.task_id)
-
-
-def run_waiting(conn: Any, op: WaitOp[T]) -> T:
-    """Drive a wait loop on a sync connection that is not inside a transaction. Each query
-    runs in a transaction of its own (its own statement on an autocommit connection), so
-    notifications reach the connection between them; the caller's transaction is not
-    touched, as there is none."""
-    raw = db.sync_connection(conn)
-    sql = statements()
-    try:
-        step = next(op)
-        while True:
-            try:
-                reply = _wait_step(raw, sql, step)
-            except BaseException as exc:  # see _drive
-                step = op.throw(_translated(exc))
-            else:
-                step = op.send(reply)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def _wait_step(raw: psycopg.Connection[Any], sql: Mapping[str, str], step: WaitStep) -> Any:
-    if isinstance(step, AwaitNotify):
-        return [
-            n.payload
-            for n in raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
-            if n.channel == step.channel
-        ]
-    if isinstance(step, Listen):
-        _check_idle(raw, step)
-    if raw.autocommit:
-        return _wait_query(raw, sql, step)
-    with raw.transaction():
-        return _wait_query(raw, sql, step)
-
-
-def _wait_query(
-    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
-) -> list[Row]:
-    if isinstance(step, Listen):
-        raw.execute(_listen_sql(step))
-        return []
-    return _execute(raw, sql, step)
-
-
-async def arun_waiting(conn: Any, op: WaitOp[T]) -> T:
-    """Drive a wait loop on an async connection; as :func:`run_waiting`."""
-    raw = await db.async_connection(conn)
-    sql = statements()
-    try:
-        step = next(op)
-        while True:
-            try:
-                reply = await _await_step(raw, sql, step)
-            except BaseException as exc:  # cancellation too: see _drive
-                step = op.throw(_translated(exc))
-            else:
-                step = op.send(reply)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def _await_step(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: WaitStep
-) -> Any:
-    if isinstance(step, AwaitNotify):
-        notifies = raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
-        return [n.payload async for n in notifies if n.channel == step.channel]
-    if isinstance(step, Listen):
-        _check_idle(raw, step)
-    if raw.autocommit:
-        return await _await_query(raw, sql, step)
-    async with raw.transaction():
-        return await _await_query(raw, sql, step)
-
-
-async def _await_query(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
-) -> list[Row]:
-    if isinstance(step, Listen):
-        await raw.execute(_listen_sql(step))
-        return []
-    return await _aexecute(raw, sql, step)
