@@ -25,7 +25,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask, Parent
-from pgqueue.queries import arun, run, task_complete
+from pgqueue.queries.driver import arun, run
+from pgqueue.queries.leased import task_complete
 from pgqueue.registry import Cancel, Handler, Retry, Snooze
 from pgqueue.result_encoding import encode_result
 

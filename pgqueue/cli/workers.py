@@ -318,10 +318,11 @@ def _preload(options: WorkerOptions) -> None:
     import concurrent.futures.thread  # noqa: F401  (asyncio.to_thread's executor)
 
     import pgqueue.worker  # noqa: F401  (the services, psycopg_pool)
-    from pgqueue import migrate, queries
+    from pgqueue import migrate
+    from pgqueue.queries import driver
 
     migrate.revisions()  # the revision files, read (and cached) once
-    queries.statements()  # sql/tasks.sql, likewise
+    driver.statements()  # the SQL files, likewise
     if options.metrics_port is not None:
         import http.server  # noqa: F401  (the metrics server's)
 

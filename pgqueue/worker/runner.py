@@ -34,7 +34,8 @@ from pgqueue.executor import (
 )
 from pgqueue.log import event, logger
 from pgqueue.models import ClaimedTask, FailOutcome, FailResult, Lease
-from pgqueue.queries import arun, task_fail
+from pgqueue.queries.driver import arun
+from pgqueue.queries.leased import task_fail
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.config import WorkerConfig

@@ -21,7 +21,8 @@ from pgqueue import aio, db, migrate
 from pgqueue.config import max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
-from pgqueue.queries import arun, schema_revision
+from pgqueue.queries.driver import arun
+from pgqueue.queries.maintenance import schema_revision
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.claimer import Claimer
