@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import pgqueue
 from pgqueue import migrate
@@ -350,18 +351,51 @@ def most_at_once(conn: psycopg.Connection[Any]) -> int:
     return int(rows[0] or 0)
 
 
+def slow_claims_of(conn: psycopg.Connection[Any], type_: str, seconds: float) -> None:
+    """Every claim of a ``type_`` task keeps its transaction open ``seconds`` longer per task
+    (a trigger on the claiming UPDATE sleeps), as on a loaded server: what other processes
+    claim meanwhile overlaps it, counting the running tasks and the recent starts before this
+    claim commits. Only the limits lock (one claimer of limited tasks at a time) keeps such
+    claims within a limit together. Without the sleep, whether they overlap is up to the
+    scheduler; with it, nearly every claim made while the limit is full overlaps another."""
+    conn.execute(
+        sql.SQL(
+            """
+            CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+            CREATE TRIGGER slow_claim AFTER UPDATE OF status ON pgqueue.tasks FOR EACH ROW
+             WHEN (OLD.status = 'queued' AND NEW.status = 'running' AND NEW.type = {type})
+             EXECUTE FUNCTION slow_claim();
+            """
+        ).format(seconds=sql.Literal(seconds), type=sql.Literal(type_))
+    )
+
+
+LIMIT_QUEUES = ("q0", "q1", "q2")
+
+
 @pytest.mark.slow
 def test_a_type_limit_holds_across_three_worker_processes_and_other_types_flow(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    """max_running=3 for one type, three worker processes with 2 slots each: no process can
-    run 3 alone, so reaching 3 at once takes several, and the limit is in the database, so
-    together they never run more than 3 of that type; other types are not held back by it."""
+    """max_running=3 for one type, three worker processes with 2 slots each, each serving a
+    queue of its own where tasks of that type wait: no process can run 3 alone, so reaching 3
+    at once takes several, and the limit is in the database, so together they never run more
+    than 3 of that type, as the handlers see it (their spans); other types are not held back.
+    The processes serve different queues so that claims overlapping in time pick different
+    rows (claimers of one queue pick the same first rows and skip each other's), and the
+    claims are slowed so that they do overlap."""
     pgqueue.set_limit(db, type="span", max_running=3)
-    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.3}} for _ in range(24)))
-    others = enqueue(db, *({"type": "noop"} for _ in range(60)))
+    slow_claims_of(db, "span", 0.1)
+    queues = itertools.cycle(LIMIT_QUEUES)
+    limited = enqueue(
+        db,
+        *({"type": "span", "queue": next(queues), "payload": {"seconds": 0.3}} for _ in range(24)),
+    )
+    others = enqueue(db, *({"type": "noop", "queue": next(queues)} for _ in range(60)))
     started = [
-        workers.start(database_url, "--concurrency", "2", *FAST, name=f"w{i}") for i in range(3)
+        workers.start(database_url, "--queue", queue, "--concurrency", "2", *FAST, name=queue)
+        for queue in LIMIT_QUEUES
     ]
 
     wait_until(
@@ -380,20 +414,29 @@ def test_a_type_limit_holds_across_three_worker_processes_and_other_types_flow(
         alive=started,
     )
     assert count(db, "SELECT count(*) FROM spans") == len(limited), "each ran once"
-    assert most_at_once(db) == 3
+    assert most_at_once(db) == 3, "the most spans of the limited type that overlapped"
+    assert count(db, "SELECT count(DISTINCT pid) FROM spans") == 3
 
 
 @pytest.mark.slow
 def test_a_rate_limit_holds_across_three_worker_processes(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    """rate 4 per second for one type and three worker processes of one slot, each task 0.4 s:
-    no process can start 4 a second alone, so a window of 4 takes several; no one-second
-    window holds more than 4 claims, and the 20 tasks take about 4 s, not a burst."""
+    """rate 4 per second for one type and three worker processes of one slot, each serving a
+    queue of its own where tasks of that type wait, each task 0.4 s: no process can start 4 a
+    second alone, so a window of 4 takes several; no one-second window holds more than 4
+    claims, and the 20 tasks take about 4 s, not a burst. Claims are slowed so that they
+    overlap (see the type limit's test above)."""
     pgqueue.set_limit(db, type="span", rate=4, per=1)
-    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.4}} for _ in range(20)))
+    slow_claims_of(db, "span", 0.1)
+    queues = itertools.cycle(LIMIT_QUEUES)
+    limited = enqueue(
+        db,
+        *({"type": "span", "queue": next(queues), "payload": {"seconds": 0.4}} for _ in range(20)),
+    )
     started = [
-        workers.start(database_url, "--concurrency", "1", *FAST, name=f"w{i}") for i in range(3)
+        workers.start(database_url, "--queue", queue, "--concurrency", "1", *FAST, name=queue)
+        for queue in LIMIT_QUEUES
     ]
 
     wait_until(
