@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -561,9 +562,13 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
     """Nothing announces that a scheduled task has become due: an idle worker must find it by
-    polling, at its default interval (0.4 to 0.6 s). On an idle machine that is within a
-    second (the lateness is printed); the bound asserted is five polls, which a busy machine
-    meets too and a worker that did not poll (or polled at 30 s) does not."""
+    polling, at its default interval (0.4 to 0.6 s). On an idle machine every task starts
+    within a poll of its time (the lateness is printed); a worker stalled for a second or two
+    on a loaded machine makes the tasks that fell due meanwhile that much later. So the nine
+    tasks fall due half a second apart, over four seconds, and the typical one (the median)
+    must start within three polls (1.5 s), which a stall or two leaves alone, and every one
+    within ten (5 s). A worker that did not poll, or polled ten times less often (its median
+    task then waits 2 s or more), does not meet them."""
     worker = workers.start(database_url, "--log-format", "json", name="w")
     wait_until(
         lambda: count(db, "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN pgqueue'"),
@@ -572,7 +577,7 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
         workers=workers,
         alive=[worker],
     )
-    ids = enqueue(db, *({"type": "noop", "delay": 1.0 + i / 4} for i in range(5)))
+    ids = enqueue(db, *({"type": "noop", "delay": 1.0 + i / 2} for i in range(9)))
     wait_until(
         lambda: all_in_status(db, ids, "completed"),
         timeout=30,
@@ -580,15 +585,16 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
         workers=workers,
         alive=[worker],
     )
-    lateness = [
-        row[0]
+    lateness = sorted(
+        float(row[0])
         for row in db.execute(
             "SELECT extract(epoch FROM started_at - visible_after) FROM pgqueue.tasks"
             " WHERE id = ANY(%s)",
             (ids,),
         ).fetchall()
-    ]
-    assert all(0 <= late < 3.0 for late in lateness), lateness
+    )
+    assert lateness[0] >= 0 and lateness[-1] < 5.0, lateness
+    assert statistics.median(lateness) < 1.5, lateness
     print(f"scheduled task lateness (s): {sorted(round(float(x), 3) for x in lateness)}")
 
 
@@ -597,7 +603,11 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
     """Every worker runs the scheduler; the schedule row's lock and its last tick make each
-    tick one task: consecutive seconds, no gap, no second task for any of them."""
+    tick one task, never two, and ticks one second apart while any scheduler is on time. A
+    tick that passes while all three are stalled (a loaded machine) is skipped by design (no
+    catch-up: only the newest due tick is enqueued), so the test waits for six ticks in a row
+    rather than asserting that no second was ever skipped; ticks lost by a scheduler on time
+    (every other one, say) never make six in a row."""
     procs = [
         workers.start(
             database_url,
@@ -607,10 +617,29 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
         )
         for i in range(3)
     ]
+
+    def ticks(status: str | None = None) -> list[datetime]:
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT visible_after FROM pgqueue.tasks WHERE type = 'beat'"
+                " AND (%s::text IS NULL OR status = %s) ORDER BY visible_after",
+                (status, status),
+            ).fetchall()
+        ]
+
+    def in_a_row(times: list[datetime]) -> int:
+        """The longest run of ticks one second apart."""
+        longest = run = min(len(times), 1)
+        for a, b in itertools.pairwise(times):
+            run = run + 1 if (b - a).total_seconds() == 1.0 else 1
+            longest = max(longest, run)
+        return longest
+
     wait_until(
-        lambda: count(db, "SELECT count(*) FROM pgqueue.tasks WHERE status = 'completed'") >= 6,
+        lambda: in_a_row(ticks("completed")) >= 6,
         timeout=60,
-        what="six ticks to be enqueued and run",
+        what="six ticks in a row to be enqueued and run",
         workers=workers,
         alive=procs,
     )
@@ -619,17 +648,12 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
     for proc in procs:
         wait_for_exit(proc, timeout=30)
 
-    ticks = [
-        r[0]
-        for r in db.execute(
-            "SELECT visible_after FROM pgqueue.tasks WHERE type = 'beat' ORDER BY visible_after"
-        ).fetchall()
-    ]
-    gaps = {(b - a).total_seconds() for a, b in itertools.pairwise(ticks)}
-    assert len(ticks) >= 6 and gaps == {1.0}, ticks
+    every = ticks()
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(every)]
+    assert all(gap >= 1 and gap.is_integer() for gap in gaps), every  # 0: a tick twice
     enqueued = [e for p in procs for e in p.events() if e["event"] == "schedule.enqueued"]
-    assert len(enqueued) == len(ticks), "a tick was enqueued by two schedulers"
-    assert len({e["task_id"] for e in enqueued}) == len(ticks)
+    assert len(enqueued) == len(every), "a tick was enqueued by two schedulers"
+    assert len({e["task_id"] for e in enqueued}) == len(every)
 
 
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------
@@ -1045,9 +1069,12 @@ def test_worker_warns_at_start_exactly_when_the_server_has_autovacuum_off(
 def test_task_running_three_times_longer_than_its_lease_runs_once(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    settings = ("--concurrency", "2", "--lease-seconds", "1")
+    """A 4 s lease, renewed every third of it, survives the worker stalling for a second or
+    two on a loaded machine; the task runs 12.5 s, over three leases, beside a second worker
+    whose maintenance would take back a lease left to expire."""
+    settings = ("--concurrency", "2", "--lease-seconds", "4")
     settings += ("--poll-interval", "0.2", "--sweep-interval", "0.2")
-    (long_task,) = enqueue(db, {"type": "sleep", "payload": {"seconds": 3.5}})
+    (long_task,) = enqueue(db, {"type": "sleep", "payload": {"seconds": 12.5}})
     a = workers.start(database_url, *settings, name="a")
     b = workers.start(database_url, *settings, name="b")
 
@@ -1059,12 +1086,12 @@ def test_task_running_three_times_longer_than_its_lease_runs_once(
             expiries.add(t.lease_expires_at)
         return t.status != "running" and t.status != "queued"
 
-    wait_until(finished, timeout=40, what="the long task to finish", workers=workers, alive=[a, b])
+    wait_until(finished, timeout=60, what="the long task to finish", workers=workers, alive=[a, b])
 
     done = task(db, long_task)
     assert (done.status, done.attempts) == ("completed", 1)
     assert done.result is not None and done.result["stopped"] is False
-    assert done.result["slept"] >= 3.5
+    assert done.result["slept"] >= 12.5
     assert len(executions(db, long_task)) == 1, "the task ran more than once"
     assert len(expiries) >= 3, f"the heartbeat should have renewed the lease ({expiries})"
     assert "task.lease_lost" not in a.stderr() + b.stderr()
