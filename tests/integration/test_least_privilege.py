@@ -29,6 +29,7 @@ from helpers import make_dead_letters
 from private_server import find_bindir, private_server
 from processes import BOOM_HANDLER, NOOP_HANDLERS, Worker, one_line_error, run_cli, wait_until
 from psycopg import sql
+from session_databases import database_name
 from typer.testing import CliRunner
 
 import pgqueue
@@ -821,7 +822,7 @@ def pg17_server_url(server_url: str) -> Iterator[str]:
 
 
 def test_on_postgresql_17_the_app_role_is_granted_maintain_and_analyzes(pg17_server_url, tmp_path):
-    name = f"pgqueue_t_{uuid.uuid4().hex[:12]}"
+    name = database_name("t")
     role = f"pgqueue_app_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg17_server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
