@@ -1,7 +1,7 @@
 """Taking tasks to run: the claim (ordinary, and under limits), the lease start marks
 that decide whether a lost lease spent its attempt, and the take-back of what no worker
-holds any more (expired leases, expired tasks). The worker's hottest statements.
-Statements: sql/claiming.sql.
+holds any more (expired leases, a dead worker process's tasks, expired tasks). The
+worker's hottest statements. Statements: sql/claiming.sql.
 """
 
 from __future__ import annotations
@@ -148,6 +148,19 @@ def lease_starts_prune(now: datetime | None = None) -> Op[int]:
     """Forget the start marks of owners gone for an hour; how many."""
     rows = yield Query("lease_starts_prune", {"now": now})
     return len(rows)
+
+
+def task_fail_owner(
+    owner: str, cause: str, *, pid: int, now: datetime | None = None
+) -> Op[list[Row]]:
+    """Fail every task still running under ``owner``, a worker process that died (``pid``):
+    each a spent attempt (retried after its backoff, dead-lettered when attempts are spent,
+    cancelled if that was asked), its error ``cause`` with the attempt, pid and owner; a
+    claim whose handlers never started is queued again with its attempt given back. Their
+    id, type, status, attempts, max_attempts and never_started, in id order."""
+    return (
+        yield Query("task_fail_owner", {"owner": owner, "cause": cause, "pid": pid, "now": now})
+    )
 
 
 def task_expire(limit: int, now: datetime | None = None) -> Op[list[Row]]:

@@ -1,5 +1,6 @@
 -- Taking tasks to run: the claims, the limits they obey, the lease start marks, and the
--- take-back of expired leases and expired tasks (pgqueue/queries/claiming.py). The hottest file.
+-- take-back of expired leases, of a dead worker process's tasks and of expired tasks
+-- (pgqueue/queries/claiming.py). The hottest file.
 -- Each statement starts with "-- name: NAME" and a line saying why; the names are unique across
 -- the files of this directory (the loader refuses a duplicate). Parameters use psycopg's
 -- %(name)s style; %(now)s is NULL in production and a fixed time in tests, so tests control the
@@ -364,6 +365,72 @@ settled AS MATERIALIZED (
       FROM finished WHERE status <> 'queued'
 )
 SELECT f.* FROM finished AS f, woken, settled;
+
+-- name: task_fail_owner
+-- A worker process died (its supervisor saw it exit on a signal or an error code): fail at
+-- once every task still running under its lease owner, instead of leaving each to wait for
+-- its lease to expire. As task_fail decides: the lost run counts as an attempt, and the task
+-- is queued again after the row's backoff, dead-lettered when its attempts are spent, or
+-- cancelled if that was requested meanwhile; waiters are woken and dependants settled. As
+-- task_sweep_expired does, a claim whose handlers never started (later than the owner's
+-- last start mark, see lease_starts_mark) gives its attempt back and is ready at once.
+-- Fenced on the owner and status 'running': a task whose outcome the process wrote before
+-- it died is left alone, and nothing another worker claims since is touched (its owner is
+-- another). The owner's rows are found through the running-tasks index and locked in id
+-- order (as task_complete says why); one statement per dead process, over a few rows.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+lost AS (
+    SELECT id, cancel_requested, attempts, max_attempts,
+           EXISTS (SELECT 1 FROM pgqueue.lease_starts AS s
+                    WHERE s.owner = tasks.lease_owner
+                      AND s.started_through < tasks.started_at) AS never_started
+      FROM pgqueue.tasks
+     WHERE status = 'running' AND lease_owner = %(owner)s
+     ORDER BY id
+       FOR UPDATE
+),
+decision AS (
+    SELECT id, never_started,
+           CASE WHEN cancel_requested THEN 'cancelled'
+                WHEN never_started THEN 'queued'
+                WHEN attempts >= max_attempts THEN 'failed'
+                ELSE 'queued' END AS next_status
+      FROM lost
+),
+finished AS (
+UPDATE pgqueue.tasks AS t
+   SET status = d.next_status,
+       attempts = CASE WHEN d.never_started THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
+       visible_after = CASE WHEN d.next_status <> 'queued' THEN t.visible_after
+                            WHEN d.never_started THEN clock.now
+                            ELSE clock.now + pgqueue.retry_delay(t.attempts, t.backoff_base,
+                                   t.backoff_factor, t.backoff_cap) * interval '1 second' END,
+       finished_at = CASE WHEN d.next_status <> 'queued' THEN clock.now END,
+       ready_since = coalesce(t.ready_since, t.visible_after),  -- its wait began then
+       -- A claim that never started leaves the task as it was: no attempt, no error.
+       last_error = CASE WHEN d.never_started THEN t.last_error
+           ELSE left(format('%%s on attempt %%s of %%s (pid %%s, worker %%s)', %(cause)s::text,
+                            t.attempts, t.max_attempts, %(pid)s::integer, t.lease_owner),
+                     8000) END,
+       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+  FROM decision AS d, clock
+ WHERE t.id = d.id AND t.status = 'running' AND t.lease_owner = %(owner)s
+RETURNING t.id, t.type, t.status, t.attempts, t.max_attempts, d.never_started,
+          t.has_dependants
+),
+-- Wake whoever waits on the tasks this made final (see task_waiter_add).
+woken AS MATERIALIZED (
+    SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
+),
+-- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+settled AS MATERIALIZED (
+    SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
+               array_agg(id) FILTER (WHERE has_dependants)) END
+      FROM finished WHERE status <> 'queued'
+)
+SELECT f.id, f.type, f.status, f.attempts, f.max_attempts, f.never_started
+  FROM finished AS f, woken, settled
+ ORDER BY f.id;
 
 -- name: task_expire
 -- Waiting tasks whose expiry passed before any attempt was spent (issue 15) end cancelled,
