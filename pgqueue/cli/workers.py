@@ -123,6 +123,10 @@ MetricsHostOption = Annotated[
     ),
 ]
 
+# How a supervisor tells a spawned child the worker id it chose for it (its lease owner,
+# whose tasks the supervisor fails should the child die): not for people, so not in --help.
+WorkerIdOption = Annotated[str, typer.Option(hidden=True)]
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerOptions:
@@ -145,6 +149,7 @@ class WorkerOptions:
     log_level: str
     metrics_port: int | None
     metrics_host: str
+    worker_id: str = ""  # empty: the worker makes one up (HOST:PID:RANDOM)
 
 
 @commands.command()
@@ -169,6 +174,7 @@ def worker(
     log_level: LogLevelOption = "INFO",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
+    worker_id: WorkerIdOption = "",
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
     later, stops at once)."""
@@ -202,6 +208,7 @@ def worker(
         log_level=log_level,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        worker_id=worker_id,
     )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
@@ -294,20 +301,28 @@ def _supervise(
     if first_port is not None:
         argv += ["--metrics-host", options.metrics_host]
 
-    def port_of(slot: int) -> list[str]:  # child i on PORT+i, a replacement on the same
-        return [] if first_port is None else ["--metrics-port", str(first_port + slot)]
+    def slot_args(slot: int, worker_id: str) -> list[str]:
+        """The worker id the supervisor chose; child i on PORT+i, a replacement on the same."""
+        port = [] if first_port is None else ["--metrics-port", str(first_port + slot)]
+        return [*port, "--worker-id", worker_id]
 
-    def run_forked(slot: int) -> int:
+    def run_forked(slot: int, worker_id: str) -> int:
         """A forked child: the worker of that slot, its errors reported as the command's."""
         os.environ[ENV_DATABASE_URL] = url  # what a spawned child has (its handlers may read it)
         port = None if first_port is None else first_port + slot
-        mine = dataclasses.replace(options, metrics_port=port)
+        mine = dataclasses.replace(options, metrics_port=port, worker_id=worker_id)
         exit_reporting_errors(lambda: _run(tasks, url, mine))
 
     if method == "fork":
         _preload(options)
     supervisor = Supervisor(
-        argv, processes, env=env, slot_args=port_of, run_forked=run_forked, method=method
+        argv,
+        processes,
+        env=env,
+        slot_args=slot_args,
+        run_forked=run_forked,
+        method=method,
+        database_url=url,  # to fail the tasks a dead child held, at once
     )
     return supervisor.run()
 
@@ -345,6 +360,7 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
         scheduler=options.scheduler,
         metrics_port=options.metrics_port,
         metrics_host=options.metrics_host,
+        worker_id=options.worker_id,
         maintenance=MaintenanceConfig(
             enabled=options.maintenance,
             sweep_interval=options.sweep_interval,
