@@ -2,7 +2,7 @@
 
 A limit is a row in ``pgqueue.limits`` and every claim obeys it, so these tests hold claims
 from several sessions and threads to it, with the clock controlled where windows matter.
-Worker processes obeying one limit together are in tests/acceptance/test_limits_processes.py.
+Worker processes obeying one limit together are in tests/acceptance/test_worker_processes.py.
 """
 
 from __future__ import annotations
