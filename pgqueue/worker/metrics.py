@@ -86,6 +86,13 @@ class WorkerMetrics:
     def lease_swept(self, result: MaintenanceResult) -> None:
         pass
 
+    def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
+        """A sync handler's timeout passed while its thread runs on; ``overrunning`` such
+        threads now."""
+
+    def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
+        """An overrunning thread returned."""
+
 
 NO_METRICS = WorkerMetrics()
 
@@ -126,10 +133,11 @@ class _Histogram:
 class _TypeStats:
     """One (queue, type)'s counts, plain attributes bumped on the event loop."""
 
-    __slots__ = ("completed", "dead", "duration", "failed", "retried", "started")
+    __slots__ = ("completed", "dead", "duration", "failed", "overruns", "retried", "started")
 
     def __init__(self) -> None:
         self.started = self.completed = self.failed = self.retried = self.dead = 0
+        self.overruns = 0
         self.duration = _Histogram(DURATION_BUCKETS)
 
 
@@ -144,6 +152,12 @@ TASK_COUNTERS = (
     ),
     ("retried", "pgqueue_worker_tasks_retried", "Failed attempts recorded for a retry"),
     ("dead", "pgqueue_worker_tasks_dead", "Failed last attempts: tasks dead-lettered"),
+    (
+        "overruns",
+        "pgqueue_worker_handler_overruns",
+        "Sync handlers whose timeout passed while their thread ran on (the attempt is "
+        "recorded failed once the thread returns; the task keeps its slot meanwhile)",
+    ),
 )
 
 
@@ -167,6 +181,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.sweeps = {"swept": 0, "skipped": 0}
         self.swept_requeued = 0
         self.swept_dead = 0
+        self.overrunning = 0
         self.depth = _QueueDepth(database_url, list(queues))
         self.registry = CollectorRegistry()  # not the global one: nothing else gets in
         self.registry.register(self)
@@ -218,13 +233,24 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.swept_requeued += result.requeued
         self.swept_dead += result.dead
 
+    def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
+        self._of(task).overruns += 1
+        self.overrunning = overrunning
+
+    def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
+        self.overrunning = overrunning
+
     # --- the exposition --------------------------------------------------------------------
 
     def describe(self) -> list[Metric]:
         return []  # no read at registration; names are not checked for clashes either
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.metrics_core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         by_type = sorted(self._by_type.copy().items())  # copy(): one step under the GIL
         labels = ["queue", "type"]
@@ -266,6 +292,12 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             "Tasks with an expired lease on their last attempt that this worker's sweep "
             "dead-lettered",
             value=self.swept_dead,
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_worker_handlers_overrunning",
+            "Sync handlers past their timeout whose threads still run: each holds its slot "
+            "and its task's lease until it returns",
+            value=self.overrunning,
         )
         yield from self.depth.collect()
 

@@ -10,7 +10,6 @@ fenced by the lease, since what to log depends on what the database did with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -41,6 +40,7 @@ from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
 from pgqueue.worker.handler_pools import HandlerPools
 from pgqueue.worker.metrics import WorkerMetrics
+from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.state import PendingCompletion, Running, Slots
 
 T = TypeVar("T")
@@ -61,6 +61,7 @@ class Runner:
         completer: Completer,
         pools: HandlerPools,
         max_result_bytes: int | None = None,
+        overruns: Overruns | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
         self._config = config
@@ -72,13 +73,18 @@ class Runner:
         self._completer = completer
         self._pools = pools
         self._max_result_bytes = max_result_bytes
+        self._overruns = overruns
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
         self._max_snoozes = max_snoozes()  # PGQUEUE_MAX_SNOOZES, checked at start
 
     def open(self) -> None:
         self._threads = DaemonThreadPool(self._config.concurrency)
-        self._executor = Executor(self._threads, max_result_bytes=self._max_result_bytes)
+        self._executor = Executor(
+            self._threads,
+            max_result_bytes=self._max_result_bytes,
+            on_overrun=self._overrun,
+        )
 
     def close(self) -> None:
         if self._threads is not None:
@@ -122,20 +128,11 @@ class Runner:
                 outcome = await self._executor.run(task, ctx, handler)
                 if isinstance(outcome, Failed | Lost):
                     tracing.record_failure(span, getattr(outcome, "error", "lease lost"))
+            if ctx.overrunning_since is not None and self._overruns is not None:
+                self._overruns.ended(running)  # its thread returned: now the timeout counts
             if not running.released:
                 running.recording = True
                 await self._record(running, outcome)
-            if ctx.overrun is not None:
-                event(
-                    "task.handler_overrun",
-                    logging.WARNING,
-                    task_id=task.id,
-                    type=task.type,
-                    attempt=task.attempts,
-                    note="timed out but its thread is still running; its slot stays taken",
-                )
-                with contextlib.suppress(Exception):
-                    await ctx.overrun
         except asyncio.CancelledError:
             pass  # released at shutdown; the task is back in the queue
         except Exception as exc:  # a bug of ours: never let it kill the loop
@@ -150,6 +147,13 @@ class Runner:
         finally:
             self._running.pop(task.id, None)
             self._slots.changed()
+
+    def _overrun(self, ctx: TaskContext, timeout: float) -> None:
+        """The executor's word that a sync handler's timeout passed while its thread runs
+        on: the task stays in ``running`` (its slot, its lease renewed) until it returns."""
+        running = self._running.get(ctx.task_id)
+        if running is not None and self._overruns is not None:
+            self._overruns.started(running, timeout)
 
     async def _record(self, running: Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx

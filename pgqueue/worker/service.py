@@ -33,6 +33,7 @@ from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.listener import Listener
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.metrics import create as create_metrics
+from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
 from pgqueue.worker.state import Slots, StopRequest
@@ -70,6 +71,7 @@ class Worker:
         self._db = Database(url, cfg, self._stop)
         self._pools = HandlerPools(url, cfg)
         self._completer = Completer(self._db, self.metrics, slots)
+        self._overruns = Overruns(metrics=self.metrics)
         self._runner = Runner(
             cfg,
             registry,
@@ -79,6 +81,7 @@ class Worker:
             completer=self._completer,
             pools=self._pools,
             max_result_bytes=self._max_result_bytes,
+            overruns=self._overruns,
         )
         self._claimer = Claimer(
             cfg,

@@ -1,0 +1,82 @@
+"""Handler timeouts in the executor, without a database: a sync handler past its timeout is
+recorded only once its thread returned. The worker processes are tested in
+tests/acceptance/test_handler_overrun.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pgqueue
+from pgqueue.executor import Completed, DaemonThreadPool, Executor, Failed, TaskContext
+
+
+def _claimed(type_: str = "t") -> pgqueue.models.ClaimedTask:
+    now = datetime.now(UTC)
+    return pgqueue.models.ClaimedTask(
+        id=uuid.uuid4(),
+        queue="default",
+        type=type_,
+        payload={},
+        priority=pgqueue.Priority.NORMAL,
+        attempts=1,
+        max_attempts=3,
+        lease_token=uuid.uuid4(),
+        lease_expires_at=now,
+        created_at=now,
+    )
+
+
+def _run(fn: Any, timeout: float, **executor: Any) -> tuple[Any, TaskContext]:
+    registry = pgqueue.TaskRegistry()
+    registry.handler("t", timeout=timeout)(fn)
+    task = _claimed()
+    ctx = TaskContext(task, worker_id="w")
+
+    async def go() -> Any:
+        threads = DaemonThreadPool(1)
+        try:
+            return await Executor(threads, **executor).run(task, ctx, registry.get("t"))
+        finally:
+            threads.shutdown()
+
+    return asyncio.run(go()), ctx
+
+
+def test_a_sync_handler_past_its_timeout_is_failed_only_after_its_thread_returned() -> None:
+    returned = threading.Event()
+    overruns: list[tuple[TaskContext, float]] = []
+
+    def slow(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+        time.sleep(1.0)  # never looks at should_stop(), as a stuck library call would not
+        returned.set()
+        return {"late": True}
+
+    outcome, ctx = _run(slow, 0.05, on_overrun=lambda c, t: overruns.append((c, t)))
+
+    assert returned.is_set(), "the outcome came before the thread returned"
+    assert outcome == Failed("timed out after 0.05 s")  # not the value it returned
+    assert ctx.timed_out and ctx.should_stop()
+    assert ctx.overrunning_since is not None
+    assert overruns == [(ctx, 0.05)]
+
+
+def test_a_sync_handler_that_raises_after_its_timeout_is_still_timed_out() -> None:
+    def slow(payload: Any, ctx: TaskContext) -> None:
+        time.sleep(0.5)
+        raise RuntimeError("woke up to an error")
+
+    outcome, _ = _run(slow, 0.05)
+
+    assert outcome == Failed("timed out after 0.05 s")
+
+
+def test_a_sync_handler_within_its_timeout_completes_and_is_not_overrunning() -> None:
+    outcome, ctx = _run(lambda payload, ctx: {"ok": 1}, 30)
+
+    assert isinstance(outcome, Completed)
+    assert not ctx.timed_out and ctx.overrunning_since is None
