@@ -91,7 +91,7 @@ class WorkerMetrics:
         threads now."""
 
     def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
-        """An overrunning thread returned."""
+        """An overrunning thread returned (or was abandoned at exit)."""
 
 
 NO_METRICS = WorkerMetrics()

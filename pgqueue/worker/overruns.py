@@ -21,7 +21,7 @@ from pgqueue.worker.state import Running
 
 class Overruns:
     """``started`` when a handler's timeout passes with its thread still running; ``ended``
-    once the thread returned."""
+    once the thread returned; ``abandoned`` when the worker exits before it did."""
 
     def __init__(self, *, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
@@ -30,6 +30,10 @@ class Overruns:
 
     def __len__(self) -> int:
         return len(self.running)
+
+    def timeout_of(self, task_id: uuid.UUID) -> float | None:
+        entry = self.running.get(task_id)
+        return entry[0] if entry is not None else None
 
     def started(self, running: Running, timeout: float) -> None:
         task = running.task
@@ -52,6 +56,10 @@ class Overruns:
     def ended(self, running: Running) -> None:
         """The thread returned: its outcome (the timeout) is recorded next."""
         self._end(running, "task.handler_overrun_ended", "its thread returned")
+
+    def abandoned(self, running: Running) -> None:
+        """The worker exits with the thread still running (the exit ends it)."""
+        self._end(running, "task.abandoned", "its thread is still running; the exit ends it")
 
     def _end(self, running: Running, name: str, note: str) -> None:
         task = running.task

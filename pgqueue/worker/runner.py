@@ -155,6 +155,18 @@ class Runner:
         if running is not None and self._overruns is not None:
             self._overruns.started(running, timeout)
 
+    async def record_abandoned(self, running: Running) -> None:
+        """The worker exits while this task's handler overruns its timeout: record the
+        timeout now (fenced by the lease, retried or dead-lettered by the row's policy), as
+        the thread's return would have; the process's exit ends the thread. A release would
+        give the attempt back, and a handler that always hangs would then run forever."""
+        if self._overruns is None:
+            return
+        timeout = self._overruns.timeout_of(running.task.id)
+        self._overruns.abandoned(running)
+        running.recording = True
+        await self._record(running, Failed(f"timed out after {timeout} s"))
+
     async def _record(self, running: Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx
         duration = time.monotonic() - running.started

@@ -36,7 +36,7 @@ from pgqueue.worker.metrics import create as create_metrics
 from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
-from pgqueue.worker.state import Slots, StopRequest
+from pgqueue.worker.state import Running, Slots, StopRequest
 
 # A stop signal this soon after the previous one is its echo (see Worker._on_signal).
 SIGNAL_ECHO_SECONDS = 1.0
@@ -306,16 +306,24 @@ class Worker:
 
     async def _release_leftovers(self) -> None:
         """Give back the leases of the tasks that did not finish in time, so that they run
-        again elsewhere now rather than when their leases expire."""
+        again elsewhere now rather than when their leases expire. A task whose sync handler
+        overruns its timeout is recorded timed out instead (its attempt counts, as it would
+        have when its thread returned): released, a handler that always hangs would run
+        again and again. A sync handler's thread cannot be stopped: it is abandoned, logged
+        (``task.abandoned``), and ends with the process."""
         leftovers = [r for r in self._slots.running.values() if not r.released]
         if not leftovers:
             return
         for r in leftovers:
             r.released = True
             r.ctx.stop()
-        leases = [r.task.lease for r in leftovers]
-        released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
-        for r in leftovers:
+        overrunning = [r for r in leftovers if r.ctx.overrunning_since is not None]
+        held = [r for r in leftovers if r.ctx.overrunning_since is None]
+        leases = [r.task.lease for r in held]
+        released: set[Any] = set()
+        if leases:
+            released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+        for r in held:
             event(
                 "task.released",
                 task_id=r.task.id,
@@ -323,5 +331,29 @@ class Worker:
                 attempt=r.task.attempts,
                 released=r.task.id in released,
             )
+            if not r.recording and self._runs_in_a_thread(r):
+                _abandoned(r)
+        # Last, so that a retry (after its backoff) finds this process gone, the thread with it.
+        for r in overrunning:
+            await self._runner.record_abandoned(r)
+        for r in leftovers:
             if r.job is not None:
                 r.job.cancel()
+
+    def _runs_in_a_thread(self, running: Running) -> bool:
+        handler = self.registry.get(running.task.type)
+        return handler is not None and not handler.is_async
+
+
+def _abandoned(running: Running) -> None:
+    """A sync handler still running as the worker exits: its thread cannot be stopped; the
+    process's exit ends it."""
+    event(
+        "task.abandoned",
+        logging.WARNING,
+        task_id=running.task.id,
+        type=running.task.type,
+        attempt=running.task.attempts,
+        running_s=round(time.monotonic() - running.started, 2),
+        note="its handler's thread is still running; the exit ends it",
+    )

@@ -86,3 +86,9 @@ def stuck_tx(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
         )
 
     return _run(payload, ctx, write)
+
+
+@tasks.handler("hang")
+def hang(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """No timeout: blocks for ``seconds`` in one call (a shutdown must not wait for it)."""
+    _run(payload, ctx)

@@ -2,8 +2,8 @@
 
 A thread cannot be killed: a sync handler past its timeout runs on. The worker must then keep
 the task (its slot, its lease, renewed) until the thread returns, and only then record the
-attempt failed as timed out, so that no retry can run beside it; and say so in its log and
-metrics.
+attempt failed as timed out, so that no retry can run beside it; say so in its log and
+metrics; and not wait for them past its grace period at shutdown.
 
 The handlers (``overrun_handlers.py``) record each execution's start and end in the side table
 ``runs`` from the server's clock. Every wait polls for a condition with a deadline; no test
@@ -13,6 +13,7 @@ are measured against.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 import urllib.error
@@ -26,7 +27,7 @@ import psycopg
 import pytest
 from overrun_handlers import RUNS
 from prometheus_client.parser import text_string_to_metric_families
-from test_worker_processes import FAST, WorkerProcess, Workers, wait_until
+from test_worker_processes import FAST, WorkerProcess, Workers, wait_for_exit, wait_until
 
 import pgqueue
 
@@ -192,3 +193,45 @@ def test_what_a_timed_out_handler_returns_is_ignored_and_its_transaction_rolled_
     assert run["ended_at"] is not None and run["timed_out"] is True
     assert db.execute("SELECT count(*) FROM tx_writes").fetchone() == (0,)
     assert not events(worker, "task.completed")
+
+
+# --- shutdown with stuck threads --------------------------------------------------------------
+
+
+def test_sigterm_does_not_wait_past_the_grace_period_for_stuck_threads(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """A handler stuck in time.sleep(1000) without a timeout, and one overrunning its
+    timeout: the worker exits at the end of its 2 s grace period (plus its release and
+    close), hands the first back with its attempt refunded, records the second timed out,
+    and logs both as abandoned."""
+    hang = pgqueue.enqueue(db, "hang", {"seconds": 1000}, priority="high").task.id
+    stuck = pgqueue.enqueue(db, "stuck", {"seconds": 1000}).task.id
+    worker = workers.start(
+        database_url,
+        *("--concurrency", "2", "--grace-period", "2", *FAST, *JSON),
+        registry=REGISTRY,
+    )
+    wait_until(
+        lambda: run_of(db, hang, 1) and events(worker, "task.handler_overrun", stuck),
+        timeout=60,
+        what="both handlers to be stuck, one of them past its timeout",
+        workers=workers,
+        alive=[worker],
+    )
+
+    worker.proc.send_signal(signal.SIGTERM)
+    code, waited = wait_for_exit(worker, 60)
+
+    assert code == 0
+    # 2 s of grace, then one release, one failure write, a flush and closing the pools.
+    assert waited < 2 + 8, f"exited {waited:.1f} s after SIGTERM with a 2 s grace period"
+    released = pgqueue.get_task(db, hang)
+    assert (released.status, released.attempts) == ("queued", 0)
+    timed_out = pgqueue.get_task(db, stuck)
+    assert (timed_out.status, timed_out.attempts) == ("queued", 1)
+    assert timed_out.last_error == "timed out after 2 s"
+    for task_id, type_ in ((hang, "hang"), (stuck, "stuck")):
+        (abandoned,) = events(worker, "task.abandoned", task_id)
+        assert (abandoned["type"], abandoned["attempt"]) == (type_, 1)
+        assert run_of(db, task_id, 1)["ended_at"] is None
