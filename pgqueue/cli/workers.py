@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pgqueue.cli.state import state
-from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, max_result_bytes
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, EXIT_RECYCLE, max_result_bytes
 from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
@@ -123,6 +123,17 @@ MetricsHostOption = Annotated[
     ),
 ]
 
+MaxOverrunningOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Recycle the worker when more than N sync handlers run on past their timeout "
+        "(a thread cannot be killed; each holds its slot until it returns): it stops "
+        f"claiming, records them timed out and exits with code {EXIT_RECYCLE}, for its "
+        "supervisor to start a fresh one (--processes N restarts it at once). Default: never.",
+    ),
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerOptions:
@@ -145,6 +156,7 @@ class WorkerOptions:
     log_level: str
     metrics_port: int | None
     metrics_host: str
+    max_overrunning: int | None = None
 
 
 @commands.command()
@@ -169,9 +181,13 @@ def worker(
     log_level: LogLevelOption = "INFO",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
+    max_overrunning: MaxOverrunningOption = None,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
-    later, stops at once)."""
+    later, stops at once).
+
+    Exit code: 0 once stopped; 75 when it recycled itself (--max-overrunning), for its
+    supervisor to start another."""
     from pgqueue import log
     from pgqueue.registry import load
 
@@ -202,6 +218,7 @@ def worker(
         log_level=log_level,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        max_overrunning=max_overrunning,
     )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
@@ -219,7 +236,9 @@ def worker(
         tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
         raise typer.Exit(_supervise(registry, tasks, processes, options, url))
-    _run(tasks, url, options)
+    code = _run(tasks, url, options)
+    if code:
+        raise typer.Exit(code)
 
 
 def _django_tasks() -> tuple[TaskRegistry, str]:
@@ -269,6 +288,8 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--log-level", options.log_level),
     ):
         argv += [name, str(value)]
+    if options.max_overrunning is not None:
+        argv += ["--max-overrunning", str(options.max_overrunning)]
     for q in options.queues:
         argv += ["--queue", q]
     if not options.maintenance:
@@ -302,7 +323,7 @@ def _supervise(
         os.environ[ENV_DATABASE_URL] = url  # what a spawned child has (its handlers may read it)
         port = None if first_port is None else first_port + slot
         mine = dataclasses.replace(options, metrics_port=port)
-        exit_reporting_errors(lambda: _run(tasks, url, mine))
+        exit_reporting_errors(lambda: _run(tasks, url, mine))  # its code: 0 or EXIT_RECYCLE
 
     if method == "fork":
         _preload(options)
@@ -329,8 +350,9 @@ def _preload(options: WorkerOptions) -> None:
             import prometheus_client  # noqa: F401
 
 
-def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
-    """One worker, in this process, until it is told to stop."""
+def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
+    """One worker, in this process, until it is told to stop (or recycles itself); the
+    process's exit code."""
     from pgqueue.worker import Worker, WorkerConfig
     from pgqueue.worker.maintenance import MaintenanceConfig
 
@@ -352,5 +374,8 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
             dead_retention=options.dead_retention,
             promote_after=options.promote_after,
         ),
+        max_overrunning=options.max_overrunning,
     )
-    Worker(tasks, url, config).run()
+    worker = Worker(tasks, url, config)
+    worker.run()
+    return worker.exit_code

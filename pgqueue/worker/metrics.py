@@ -296,7 +296,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         yield GaugeMetricFamily(
             "pgqueue_worker_handlers_overrunning",
             "Sync handlers past their timeout whose threads still run: each holds its slot "
-            "and its task's lease until it returns",
+            "and its task's lease until it returns (see --max-overrunning)",
             value=self.overrunning,
         )
         yield from self.depth.collect()

@@ -4,8 +4,10 @@ A thread cannot be killed. When a sync handler's timeout passes, the executor te
 (``ctx.should_stop()``, ``ctx.timed_out``) and waits for its thread to return before the
 runner records the attempt failed ("timed out after N s"). Meanwhile the task keeps its slot
 and its lease (the heartbeat renews it), so that no retry, sweep or replay can start a second
-execution of it while this one runs. This module keeps the count of such threads, and says
-so in the log and the metrics.
+execution of it while this one runs. This module keeps the count of such threads, says so in
+the log and the metrics, and, past ``WorkerConfig.max_overrunning``, asks the worker to
+recycle: stop claiming and exit with ``pgqueue.config.EXIT_RECYCLE``, so that its supervisor
+starts a fresh process (the exit ends the threads).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from pgqueue.log import event
 from pgqueue.worker.metrics import WorkerMetrics
@@ -23,8 +26,17 @@ class Overruns:
     """``started`` when a handler's timeout passes with its thread still running; ``ended``
     once the thread returned; ``abandoned`` when the worker exits before it did."""
 
-    def __init__(self, *, metrics: WorkerMetrics) -> None:
+    def __init__(
+        self,
+        max_overrunning: int | None,
+        *,
+        metrics: WorkerMetrics,
+        recycle: Callable[[str], None],
+    ) -> None:
+        self._max = max_overrunning
         self._metrics = metrics
+        self._recycle = recycle
+        self._recycling = False
         # task id -> (its timeout, when it passed: time.monotonic())
         self.running: dict[uuid.UUID, tuple[float, float]] = {}
 
@@ -52,6 +64,12 @@ class Overruns:
             note="timed out, but its thread runs on: the task keeps its slot and lease, and "
             "the timeout is recorded when the thread returns",
         )
+        if self._max is not None and overrunning > self._max and not self._recycling:
+            self._recycling = True
+            self._recycle(
+                f"{overrunning} handler threads are running past their timeouts "
+                f"(max_overrunning={self._max})"
+            )
 
     def ended(self, running: Running) -> None:
         """The thread returned: its outcome (the timeout) is recorded next."""

@@ -18,7 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import aio, db, migrate
-from pgqueue.config import max_result_bytes, resolve_database_url
+from pgqueue.config import EXIT_RECYCLE, max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
 from pgqueue.queries import arun, schema_revision
@@ -43,7 +43,9 @@ SIGNAL_ECHO_SECONDS = 1.0
 
 
 class Worker:
-    """Runs the handlers of ``registry`` for tasks of ``config.queues``."""
+    """Runs the handlers of ``registry`` for tasks of ``config.queues``. Once it has run,
+    ``exit_code`` is 0, or ``pgqueue.config.EXIT_RECYCLE`` when it stopped to be replaced
+    (``WorkerConfig.max_overrunning``)."""
 
     def __init__(
         self,
@@ -61,6 +63,9 @@ class Worker:
         self._slots = Slots()
         self._stop = StopRequest()
         self._signalled_at: float | None = None  # when the last stop signal was taken
+        # 0, or EXIT_RECYCLE once the worker decided to recycle itself: what the process
+        # running it (the CLI) exits with.
+        self.exit_code = 0
         self.metrics = create_metrics(
             self.config.metrics_port,
             host=self.config.metrics_host,
@@ -71,7 +76,7 @@ class Worker:
         self._db = Database(url, cfg, self._stop)
         self._pools = HandlerPools(url, cfg)
         self._completer = Completer(self._db, self.metrics, slots)
-        self._overruns = Overruns(metrics=self.metrics)
+        self._overruns = Overruns(cfg.max_overrunning, metrics=self.metrics, recycle=self.recycle)
         self._runner = Runner(
             cfg,
             registry,
@@ -134,6 +139,21 @@ class Worker:
         stop.requested.set()
         self._slots.wake.set()
         self._slots.slot_freed.set()
+
+    def recycle(self, reason: str) -> None:
+        """Stop claiming and exit gracefully with EXIT_RECYCLE, for the supervisor
+        (``--processes``, systemd, Kubernetes) to start a fresh process in its place."""
+        if self._stop.stopping:
+            return
+        self.exit_code = EXIT_RECYCLE
+        event(
+            "worker.recycling",
+            logging.WARNING,
+            worker=self.config.worker_id,
+            reason=reason,
+            exit_code=EXIT_RECYCLE,
+        )
+        self.request_stop()
 
     def _on_signal(self) -> None:
         """SIGTERM/SIGINT: stop gracefully; another one later means now. One that arrives
@@ -290,9 +310,16 @@ class Worker:
         """Shutdown: let running tasks finish within the grace period, release the rest."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.grace_period
+        # A recycling worker does not wait for the overrunning threads: they are why it stops.
+        recycling = self.exit_code == EXIT_RECYCLE
         while not self._stop.force:
-            running = self._slots.running.values()
-            jobs = [r.job for r in running if r.job is not None and not r.job.done()]
+            jobs = [
+                r.job
+                for r in self._slots.running.values()
+                if r.job is not None
+                and not r.job.done()
+                and not (recycling and r.ctx.overrunning_since is not None)
+            ]
             remaining = deadline - loop.time()
             if not jobs or remaining <= 0:
                 break

@@ -3,7 +3,8 @@
 A thread cannot be killed: a sync handler past its timeout runs on. The worker must then keep
 the task (its slot, its lease, renewed) until the thread returns, and only then record the
 attempt failed as timed out, so that no retry can run beside it; say so in its log and
-metrics; and not wait for them past its grace period at shutdown.
+metrics; recycle itself when too many threads are stuck like that; and not wait for them past
+its grace period at shutdown.
 
 The handlers (``overrun_handlers.py``) record each execution's start and end in the side table
 ``runs`` from the server's clock. Every wait polls for a condition with a deadline; no test
@@ -30,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_worker_processes import FAST, WorkerProcess, Workers, wait_for_exit, wait_until
 
 import pgqueue
+from pgqueue.config import EXIT_RECYCLE
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -193,6 +195,80 @@ def test_what_a_timed_out_handler_returns_is_ignored_and_its_transaction_rolled_
     assert run["ended_at"] is not None and run["timed_out"] is True
     assert db.execute("SELECT count(*) FROM tx_writes").fetchone() == (0,)
     assert not events(worker, "task.completed")
+
+
+# --- recycling -------------------------------------------------------------------------------
+
+
+def test_a_worker_with_more_overrunning_handlers_than_allowed_recycles_with_its_exit_code(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    """--max-overrunning 0: the first overrun makes the worker stop claiming and exit with
+    EXIT_RECYCLE, without waiting its grace period for the stuck thread; the stuck attempt
+    is recorded timed out (a retry), not handed back with its attempt refunded."""
+    task_id = pgqueue.enqueue(db, "stuck", {"seconds": 600}).task.id
+    worker = workers.start(
+        database_url,
+        *("--max-overrunning", "0", "--grace-period", "120", *FAST, *JSON),
+        registry=REGISTRY,
+    )
+    wait_until(
+        lambda: events(worker, "task.handler_overrun", task_id),
+        timeout=60,
+        what="the overrun",
+        workers=workers,
+        alive=[worker],
+    )
+    code, _ = wait_for_exit(worker, 60)  # well within the 120 s grace period
+
+    assert code == EXIT_RECYCLE
+    (recycling,) = events(worker, "worker.recycling")
+    assert "max_overrunning=0" in recycling["reason"] and recycling["exit_code"] == EXIT_RECYCLE
+    (abandoned,) = events(worker, "task.abandoned", task_id)
+    assert (abandoned["type"], abandoned["attempt"]) == ("stuck", 1)
+    retried = pgqueue.get_task(db, task_id)
+    assert (retried.status, retried.attempts) == ("queued", 1)
+    assert retried.last_error == "timed out after 2 s"
+    assert not events(worker, "task.released")
+    (run,) = runs(db, task_id)
+    assert run["ended_at"] is None, "the thread was still blocked when the process exited"
+
+
+@pytest.mark.skipif(
+    not hasattr(signal, "SIGKILL"), reason="the supervisor's fleet is tested on POSIX"
+)
+def test_the_supervisor_replaces_a_recycled_child_at_once_not_as_a_crash(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    task_id = pgqueue.enqueue(db, "stuck", {"seconds": 600, "attempts": [1]}).task.id
+    supervisor = workers.start(
+        database_url,
+        *("--processes", "2", "--concurrency", "1", "--max-overrunning", "0", *FAST, *JSON),
+        registry=REGISTRY,
+    )
+    recycled = wait_until(
+        lambda: events(supervisor, "worker.process_recycled"),
+        timeout=60,
+        what="the supervisor to see its child recycle",
+        workers=workers,
+        alive=[supervisor],
+    )
+    assert recycled[0]["exit_code"] == EXIT_RECYCLE
+    done = wait_until(
+        lambda: (t := pgqueue.get_task(db, task_id)).status == "completed" and t,
+        timeout=60,
+        what="attempt 2 to complete in a child",
+        workers=workers,
+        alive=[supervisor],
+    )
+    assert done.attempts == 2
+    slot = recycled[0]["slot"]
+    starts = [e for e in events(supervisor, "worker.process_started") if e["slot"] == slot]
+    assert len(starts) >= 2, "the recycled child's slot was not started again"
+    assert not events(supervisor, "worker.process_exited"), "a recycle is not a crash"
+
+    supervisor.proc.send_signal(signal.SIGTERM)
+    assert wait_for_exit(supervisor, 60)[0] == 0
 
 
 # --- shutdown with stuck threads --------------------------------------------------------------

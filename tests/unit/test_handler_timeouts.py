@@ -11,8 +11,15 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 import pgqueue
+from pgqueue.errors import ValidationError
 from pgqueue.executor import Completed, DaemonThreadPool, Executor, Failed, TaskContext
+from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.metrics import WorkerMetrics
+from pgqueue.worker.overruns import Overruns
+from pgqueue.worker.state import Running
 
 
 def _claimed(type_: str = "t") -> pgqueue.models.ClaimedTask:
@@ -80,3 +87,52 @@ def test_a_sync_handler_within_its_timeout_completes_and_is_not_overrunning() ->
 
     assert isinstance(outcome, Completed)
     assert not ctx.timed_out and ctx.overrunning_since is None
+
+
+class _Recorded(WorkerMetrics):
+    def __init__(self) -> None:
+        self.overrunning: list[int] = []
+
+    def handler_overrun(self, task: Any, overrunning: int) -> None:
+        self.overrunning.append(overrunning)
+
+    def handler_overrun_ended(self, task: Any, overrunning: int) -> None:
+        self.overrunning.append(overrunning)
+
+
+def _running() -> Running:
+    task = _claimed()
+    return Running(task, TaskContext(task, worker_id="w"), time.monotonic())
+
+
+def test_the_worker_recycles_once_more_handlers_overrun_than_allowed() -> None:
+    reasons: list[str] = []
+    metrics = _Recorded()
+    overruns = Overruns(1, metrics=metrics, recycle=reasons.append)
+    first, second, third = _running(), _running(), _running()
+
+    overruns.started(first, 2.0)
+    assert reasons == []  # one is allowed
+    overruns.ended(first)
+    overruns.started(second, 2.0)
+    assert reasons == []  # one at a time, still
+    overruns.started(third, 2.0)
+    assert len(reasons) == 1 and "max_overrunning=1" in reasons[0]
+    overruns.abandoned(second)
+    overruns.started(first, 2.0)
+    assert len(reasons) == 1, "asked once"
+    assert metrics.overrunning == [1, 0, 1, 2, 1, 2]
+    assert overruns.timeout_of(third.task.id) == 2.0 and len(overruns) == 2
+
+
+def test_no_recycling_without_a_limit() -> None:
+    reasons: list[str] = []
+    overruns = Overruns(None, metrics=WorkerMetrics(), recycle=reasons.append)
+    for _ in range(50):
+        overruns.started(_running(), 1.0)
+    assert reasons == []
+
+
+def test_a_negative_max_overrunning_is_refused() -> None:
+    with pytest.raises(ValidationError, match="max_overrunning"):
+        WorkerConfig(max_overrunning=-1)
