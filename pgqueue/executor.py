@@ -277,7 +277,9 @@ class Executor:
     for each task; a worker passes the value it read once when it was built).
 
     ``on_overrun(ctx, timeout)`` is called on the loop when a sync handler's timeout passes
-    while its thread runs on."""
+    while its thread runs on; ``stalled()`` (the worker's watchdog) says how long the loop
+    callback running now has held the loop, to say how long an async handler that returned
+    past its deadline blocked it."""
 
     def __init__(
         self,
@@ -285,10 +287,12 @@ class Executor:
         *,
         max_result_bytes: int | None = None,
         on_overrun: Callable[[TaskContext, float], None] | None = None,
+        stalled: Callable[[], float] | None = None,
     ) -> None:
         self.threads = threads
         self.max_result_bytes = max_result_bytes
         self.on_overrun = on_overrun
+        self.stalled = stalled
 
     async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
         if handler is None:
@@ -316,13 +320,41 @@ class Executor:
                 ctx.stop()
                 await _rollback_async(ctx)
                 return Failed(f"timed out after {handler.timeout} s")
+            if scope is not None and (late := self._past_deadline(scope)) is not None:
+                return await self._blocked_past_deadline(ctx, handler, late)
             await _rollback_async(ctx)
             return _from_exception(exc)
+        if scope is not None and (late := self._past_deadline(scope)) is not None:
+            return await self._blocked_past_deadline(ctx, handler, late)
         outcome = _encode_result(value, task, self.max_result_bytes)
         if ctx._aconn is not None and isinstance(outcome, Completed):
             return await _commit_async(ctx, outcome)
         await _rollback_async(ctx)
         return outcome
+
+    def _past_deadline(self, scope: asyncio.Timeout) -> float | None:
+        """How long the loop has been blocked by a handler that ended (returned or raised)
+        after its deadline without the timeout firing, or None when it ended in time. The
+        timeout's timer runs on the loop: a handler that blocks the loop (a blocking call
+        in an ``async def``) cannot be interrupted, and is only caught here, when it ends."""
+        when = scope.when()
+        if when is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        if now < when:
+            return None
+        # Blocked at least since the deadline; the watchdog knows since when exactly.
+        return max(now - when, self.stalled() if self.stalled is not None else 0.0)
+
+    async def _blocked_past_deadline(
+        self, ctx: TaskContext, handler: Handler, blocked: float
+    ) -> Outcome:
+        ctx.timed_out = True
+        ctx.stop()
+        await _rollback_async(ctx)
+        return Failed(
+            f"timed out after {handler.timeout} s (blocked the event loop for {blocked:.1f} s)"
+        )
 
     async def _run_sync(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
         if handler.timeout is not None:

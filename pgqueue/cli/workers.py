@@ -133,6 +133,14 @@ MaxOverrunningOption = Annotated[
         "supervisor to start a fresh one (--processes N restarts it at once). Default: never.",
     ),
 ]
+LoopBlockedAfterOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Warn (worker.loop_blocked, naming the async handler that held it) when the "
+        "event loop runs nothing for longer than this many seconds; 0: off.",
+    ),
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +165,7 @@ class WorkerOptions:
     metrics_port: int | None
     metrics_host: str
     max_overrunning: int | None = None
+    loop_block_threshold: float = 0.1
 
 
 @commands.command()
@@ -182,6 +191,7 @@ def worker(
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
     max_overrunning: MaxOverrunningOption = None,
+    loop_blocked_after: LoopBlockedAfterOption = 0.1,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
     later, stops at once).
@@ -219,6 +229,7 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         max_overrunning=max_overrunning,
+        loop_block_threshold=loop_blocked_after,
     )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
@@ -286,6 +297,7 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--promote-after", options.promote_after),
         ("--log-format", options.log_format),
         ("--log-level", options.log_level),
+        ("--loop-blocked-after", options.loop_block_threshold),
     ):
         argv += [name, str(value)]
     if options.max_overrunning is not None:
@@ -375,6 +387,7 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
             promote_after=options.promote_after,
         ),
         max_overrunning=options.max_overrunning,
+        loop_block_threshold=options.loop_block_threshold,
     )
     worker = Worker(tasks, url, config)
     worker.run()

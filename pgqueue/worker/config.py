@@ -45,6 +45,10 @@ class WorkerConfig:
     # let the other tasks finish within the grace period, record the overrunning ones timed
     # out and exit with EXIT_RECYCLE for the supervisor to start a fresh process. None: never.
     max_overrunning: int | None = None
+    # Warn (worker.loop_blocked, naming the async handler) when the event loop runs none of
+    # its timers for longer than this many seconds: an async handler calling blocking code
+    # stalls every task, heartbeat and claim of the worker meanwhile. 0 or None: no watchdog.
+    loop_block_threshold: float | None = 0.1
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -66,6 +70,11 @@ class WorkerConfig:
         if self.max_overrunning is not None and self.max_overrunning < 0:
             raise ValidationError(
                 "max_overrunning", f"must be 0 or more (or None), not {self.max_overrunning}"
+            )
+        if self.loop_block_threshold is not None and not self.loop_block_threshold >= 0:
+            raise ValidationError(
+                "loop_block_threshold",
+                f"must be 0 (off) or more seconds, not {self.loop_block_threshold}",
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValidationError("metrics_port", f"must be 0 to 65535, not {self.metrics_port}")

@@ -93,6 +93,10 @@ class WorkerMetrics:
     def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
         """An overrunning thread returned (or was abandoned at exit)."""
 
+    def loop_blocked(self, type: str, seconds: float) -> None:
+        """The event loop did not run for ``seconds`` (the watchdog's thread may call this);
+        ``type`` is the async handler's that held it, "" when unknown."""
+
 
 NO_METRICS = WorkerMetrics()
 
@@ -182,6 +186,8 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.swept_requeued = 0
         self.swept_dead = 0
         self.overrunning = 0
+        # By handler type ("": unknown); bumped by the loop watchdog's thread only.
+        self.loop_blocks: dict[str, tuple[int, float]] = {}
         self.depth = _QueueDepth(database_url, list(queues))
         self.registry = CollectorRegistry()  # not the global one: nothing else gets in
         self.registry.register(self)
@@ -239,6 +245,10 @@ class PrometheusWorkerMetrics(WorkerMetrics):
 
     def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
         self.overrunning = overrunning
+
+    def loop_blocked(self, type: str, seconds: float) -> None:
+        n, total = self.loop_blocks.get(type, (0, 0.0))
+        self.loop_blocks[type] = (n + 1, total + seconds)
 
     # --- the exposition --------------------------------------------------------------------
 
@@ -299,6 +309,23 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             "and its task's lease until it returns (see --max-overrunning)",
             value=self.overrunning,
         )
+        blocks = sorted(self.loop_blocks.copy().items())
+        blocked = CounterMetricFamily(
+            "pgqueue_worker_loop_blocked",
+            "Times the event loop did not run for longer than --loop-block-threshold, by the "
+            'type of the async handler that held it ("": none identified)',
+            labels=["type"],
+        )
+        blocked_seconds = CounterMetricFamily(
+            "pgqueue_worker_loop_blocked_seconds",
+            "Seconds the event loop spent blocked past its due timers, by handler type",
+            labels=["type"],
+        )
+        for type_, (n, seconds) in blocks:
+            blocked.add_metric([type_], n)
+            blocked_seconds.add_metric([type_], seconds)
+        yield blocked
+        yield blocked_seconds
         yield from self.depth.collect()
 
     # --- the server ----------------------------------------------------------------------

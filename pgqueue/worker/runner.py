@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from pgqueue import aio, tracing
@@ -62,6 +62,7 @@ class Runner:
         pools: HandlerPools,
         max_result_bytes: int | None = None,
         overruns: Overruns | None = None,
+        stalled: Callable[[], float] | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
         self._config = config
@@ -74,6 +75,7 @@ class Runner:
         self._pools = pools
         self._max_result_bytes = max_result_bytes
         self._overruns = overruns
+        self._stalled = stalled
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
         self._max_snoozes = max_snoozes()  # PGQUEUE_MAX_SNOOZES, checked at start
@@ -84,6 +86,7 @@ class Runner:
             self._threads,
             max_result_bytes=self._max_result_bytes,
             on_overrun=self._overrun,
+            stalled=self._stalled,
         )
 
     def close(self) -> None:

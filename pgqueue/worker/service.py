@@ -37,6 +37,7 @@ from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
 from pgqueue.worker.state import Running, Slots, StopRequest
+from pgqueue.worker.watchdog import LoopWatchdog
 
 # A stop signal this soon after the previous one is its echo (see Worker._on_signal).
 SIGNAL_ECHO_SECONDS = 1.0
@@ -77,6 +78,7 @@ class Worker:
         self._pools = HandlerPools(url, cfg)
         self._completer = Completer(self._db, self.metrics, slots)
         self._overruns = Overruns(cfg.max_overrunning, metrics=self.metrics, recycle=self.recycle)
+        self._watchdog = LoopWatchdog(cfg.loop_block_threshold, slots=slots, metrics=self.metrics)
         self._runner = Runner(
             cfg,
             registry,
@@ -87,6 +89,7 @@ class Worker:
             pools=self._pools,
             max_result_bytes=self._max_result_bytes,
             overruns=self._overruns,
+            stalled=self._watchdog.stalled,
         )
         self._claimer = Claimer(
             cfg,
@@ -190,6 +193,7 @@ class Worker:
         except BaseException:
             await self._listener.close()
             raise
+        self._watchdog.start()
         event(
             "worker.started",
             worker=cfg.worker_id,
@@ -211,6 +215,7 @@ class Worker:
             await self._claimer.run()
             await self._drain()
         finally:
+            self._watchdog.stop()
             for t in helpers:
                 t.cancel()
             for t in helpers:

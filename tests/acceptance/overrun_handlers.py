@@ -92,3 +92,17 @@ def stuck_tx(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
 def hang(payload: dict[str, Any], ctx: TaskContext) -> None:
     """No timeout: blocks for ``seconds`` in one call (a shutdown must not wait for it)."""
     _run(payload, ctx)
+
+
+@tasks.handler("loop_blocker")
+async def loop_blocker(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """An async handler calling blocking code: the whole event loop stops meanwhile."""
+    time.sleep(float(payload["seconds"]))
+    return {"blocked_s": payload["seconds"]}
+
+
+@tasks.handler("loop_blocker_timed", timeout=1, max_attempts=1)
+async def loop_blocker_timed(payload: dict[str, Any], ctx: TaskContext) -> dict[str, Any]:
+    """Blocks the loop past its 1 s timeout, then returns: must not be recorded completed."""
+    time.sleep(float(payload["seconds"]))
+    return {"blocked_s": payload["seconds"]}

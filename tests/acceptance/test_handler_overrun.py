@@ -1,10 +1,13 @@
-"""Handlers that outlive their timeouts, in real worker processes against PostgreSQL.
+"""Handlers that outlive their timeouts, and async handlers that block the event loop, in real
+worker processes against PostgreSQL.
 
 A thread cannot be killed: a sync handler past its timeout runs on. The worker must then keep
 the task (its slot, its lease, renewed) until the thread returns, and only then record the
 attempt failed as timed out, so that no retry can run beside it; say so in its log and
 metrics; recycle itself when too many threads are stuck like that; and not wait for them past
-its grace period at shutdown.
+its grace period at shutdown. An async handler that blocks the loop cannot be interrupted
+either: the worker must see it (a watchdog thread names the task) and must not record it
+completed when it returns past its deadline.
 
 The handlers (``overrun_handlers.py``) record each execution's start and end in the side table
 ``runs`` from the server's clock. Every wait polls for a condition with a deadline; no test
@@ -311,3 +314,56 @@ def test_sigterm_does_not_wait_past_the_grace_period_for_stuck_threads(
         (abandoned,) = events(worker, "task.abandoned", task_id)
         assert (abandoned["type"], abandoned["attempt"]) == (type_, 1)
         assert run_of(db, task_id, 1)["ended_at"] is None
+
+
+# --- async handlers that block the event loop --------------------------------------------------
+
+
+def test_the_watchdog_names_the_async_handler_that_blocked_the_event_loop(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    task_id = pgqueue.enqueue(db, "loop_blocker", {"seconds": 2}).task.id
+    port = free_port()
+    worker = workers.start(database_url, *FAST, *JSON, *metrics_options(port), registry=REGISTRY)
+    wait_until(
+        lambda: pgqueue.get_task(db, task_id).status == "completed",
+        timeout=60,
+        what="the blocking task to complete",
+        workers=workers,
+        alive=[worker],
+    )
+    blocked = wait_until(
+        lambda: events(worker, "worker.loop_blocked", task_id),
+        timeout=30,
+        what="worker.loop_blocked naming the task",
+        workers=workers,
+        alive=[worker],
+    )
+    assert (blocked[0]["type"], blocked[0]["attempt"]) == ("loop_blocker", 1)
+    assert blocked[0]["blocked_s"] >= 1.5, blocked
+    (ongoing,) = events(worker, "worker.loop_blocking", task_id)  # logged while it lasted
+    assert ongoing["type"] == "loop_blocker"
+    metrics = wait_until(
+        lambda: scrape(port), timeout=30, what="/metrics", workers=workers, alive=[worker]
+    )
+    assert metrics["pgqueue_worker_loop_blocked_total", "loop_blocker"] >= 1
+    assert metrics["pgqueue_worker_loop_blocked_seconds_total", "loop_blocker"] >= 1.5
+
+
+def test_an_async_handler_that_blocks_the_loop_past_its_timeout_is_not_recorded_completed(
+    db: psycopg.Connection[Any], database_url: str, workers: Workers
+) -> None:
+    task_id = pgqueue.enqueue(db, "loop_blocker_timed", {"seconds": 4}).task.id
+    worker = workers.start(database_url, *FAST, *JSON, registry=REGISTRY)
+    dead = wait_until(
+        lambda: (t := pgqueue.get_task(db, task_id)).status in ("failed", "completed") and t,
+        timeout=60,
+        what="the task to finish",
+        workers=workers,
+        alive=[worker],
+    )
+    assert dead.status == "failed", f"recorded {dead.status}: {dead.result}"
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("timed out after 1 s (blocked the event loop for ")
+    blocked_for = float(dead.last_error.rpartition("for ")[2].split(" s)")[0])
+    assert blocked_for >= 3.0, dead.last_error  # 4 s of blocking, 1 s of it within the timeout

@@ -1,5 +1,6 @@
 """Handler timeouts in the executor, without a database: a sync handler past its timeout is
-recorded only once its thread returned. The worker processes are tested in
+recorded only once its thread returned, and an async one that blocked the loop past its
+deadline is not a completion. The worker processes are tested in
 tests/acceptance/test_handler_overrun.py."""
 
 from __future__ import annotations
@@ -89,6 +90,27 @@ def test_a_sync_handler_within_its_timeout_completes_and_is_not_overrunning() ->
     assert not ctx.timed_out and ctx.overrunning_since is None
 
 
+def test_an_async_handler_that_blocks_the_loop_past_its_deadline_is_failed_not_completed() -> None:
+    async def blocking(payload: Any, ctx: TaskContext) -> dict[str, Any]:
+        time.sleep(0.5)  # blocks the loop: the timeout's timer cannot fire meanwhile
+        return {"done": True}
+
+    outcome, ctx = _run(blocking, 0.05)
+
+    assert isinstance(outcome, Failed)
+    assert outcome.error.startswith("timed out after 0.05 s (blocked the event loop for ")
+    assert ctx.timed_out
+
+
+def test_the_watchdogs_measure_says_how_long_the_loop_was_blocked() -> None:
+    async def blocking(payload: Any, ctx: TaskContext) -> None:
+        time.sleep(0.3)
+
+    outcome, _ = _run(blocking, 0.05, stalled=lambda: 7.25)
+
+    assert outcome == Failed("timed out after 0.05 s (blocked the event loop for 7.2 s)")
+
+
 class _Recorded(WorkerMetrics):
     def __init__(self) -> None:
         self.overrunning: list[int] = []
@@ -133,6 +155,63 @@ def test_no_recycling_without_a_limit() -> None:
     assert reasons == []
 
 
-def test_a_negative_max_overrunning_is_refused() -> None:
-    with pytest.raises(ValidationError, match="max_overrunning"):
-        WorkerConfig(max_overrunning=-1)
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_overrunning", -1), ("loop_block_threshold", -0.1)]
+)
+def test_negative_overrun_and_watchdog_settings_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValidationError, match=field):
+        WorkerConfig(**{field: value})
+
+
+def test_zero_or_none_turns_the_watchdog_off() -> None:
+    from pgqueue.worker.state import Slots
+    from pgqueue.worker.watchdog import LoopWatchdog
+
+    for off in (0, None):
+        config = WorkerConfig(loop_block_threshold=off)
+        watchdog = LoopWatchdog(config.loop_block_threshold, slots=Slots(), metrics=WorkerMetrics())
+        assert not watchdog.enabled and watchdog.stalled() == 0.0
+
+
+class _Blocks(WorkerMetrics):
+    def __init__(self) -> None:
+        self.blocks: list[tuple[str, float]] = []
+
+    def loop_blocked(self, type: str, seconds: float) -> None:
+        self.blocks.append((type, seconds))
+
+
+def test_the_watchdog_sees_a_step_that_blocks_the_loop_and_names_its_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from pgqueue.worker.state import Slots
+    from pgqueue.worker.watchdog import LoopWatchdog
+
+    metrics = _Blocks()
+
+    async def go() -> None:
+        watchdog = LoopWatchdog(0.05, slots=Slots(), metrics=metrics)
+        watchdog.start()
+
+        async def stuck() -> None:
+            time.sleep(0.6)  # the whole loop stops here
+
+        await asyncio.create_task(stuck(), name="stuck-step")
+        for _ in range(200):  # the watchdog's thread reports once it sees the loop again
+            if metrics.blocks:
+                break
+            await asyncio.sleep(0.01)
+        watchdog.stop()
+
+    with caplog.at_level("WARNING", logger="pgqueue"):
+        asyncio.run(go())
+
+    # Only the step that slept: on a busy machine a tiny step may be held up long enough too.
+    ((type_, seconds),) = [b for b in metrics.blocks if b[1] >= 0.3]
+    assert type_ == "" and seconds >= 0.4
+    held_by = [
+        r.pgqueue_fields.get("held_by")
+        for r in caplog.records
+        if getattr(r, "pgqueue_event", "") == "worker.loop_blocked"
+    ]
+    assert "asyncio task 'stuck-step'" in held_by
