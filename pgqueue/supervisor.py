@@ -46,6 +46,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from pgqueue.config import EXIT_RECYCLE
 from pgqueue.errors import ConfigurationError
 from pgqueue.log import event
 
@@ -395,6 +396,11 @@ class Supervisor:
             for slot, proc in list(self.children.items()):
                 code = proc.poll()
                 if code is None or slot in self.restart_at:
+                    continue
+                if code == EXIT_RECYCLE:  # it asked to be replaced: not a crash
+                    self.backoff.pop(slot, None)
+                    self.restart_at[slot] = now
+                    event("worker.process_recycled", slot=slot, pid=proc.pid, exit_code=code)
                     continue
                 lived = now - self.started_at[slot]
                 delay = (

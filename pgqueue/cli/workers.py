@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pgqueue.cli.state import state
-from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, max_result_bytes
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, EXIT_RECYCLE, max_result_bytes
 from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
@@ -126,6 +126,24 @@ MetricsHostOption = Annotated[
 # How a supervisor tells a spawned child the worker id it chose for it (its lease owner,
 # whose tasks the supervisor fails should the child die): not for people, so not in --help.
 WorkerIdOption = Annotated[str, typer.Option(hidden=True)]
+MaxOverrunningOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Recycle the worker when more than N sync handlers run on past their timeout "
+        "(a thread cannot be killed; each holds its slot until it returns): it stops "
+        f"claiming, records them timed out and exits with code {EXIT_RECYCLE}, for its "
+        "supervisor to start a fresh one (--processes N restarts it at once). Default: never.",
+    ),
+]
+LoopBlockedAfterOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Warn (worker.loop_blocked, naming the async handler that held it) when the "
+        "event loop runs nothing for longer than this many seconds; 0: off.",
+    ),
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +168,8 @@ class WorkerOptions:
     metrics_port: int | None
     metrics_host: str
     worker_id: str = ""  # empty: the worker makes one up (HOST:PID:RANDOM)
+    max_overrunning: int | None = None
+    loop_block_threshold: float = 0.1
 
 
 @commands.command()
@@ -175,9 +195,14 @@ def worker(
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
     worker_id: WorkerIdOption = "",
+    max_overrunning: MaxOverrunningOption = None,
+    loop_blocked_after: LoopBlockedAfterOption = 0.1,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
-    later, stops at once)."""
+    later, stops at once).
+
+    Exit code: 0 once stopped; 75 when it recycled itself (--max-overrunning), for its
+    supervisor to start another."""
     from pgqueue import log
     from pgqueue.registry import load
 
@@ -209,6 +234,8 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         worker_id=worker_id,
+        max_overrunning=max_overrunning,
+        loop_block_threshold=loop_blocked_after,
     )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
@@ -226,7 +253,9 @@ def worker(
         tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
         raise typer.Exit(_supervise(registry, tasks, processes, options, url))
-    _run(tasks, url, options)
+    code = _run(tasks, url, options)
+    if code:
+        raise typer.Exit(code)
 
 
 def _django_tasks() -> tuple[TaskRegistry, str]:
@@ -274,8 +303,11 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--promote-after", options.promote_after),
         ("--log-format", options.log_format),
         ("--log-level", options.log_level),
+        ("--loop-blocked-after", options.loop_block_threshold),
     ):
         argv += [name, str(value)]
+    if options.max_overrunning is not None:
+        argv += ["--max-overrunning", str(options.max_overrunning)]
     for q in options.queues:
         argv += ["--queue", q]
     if not options.maintenance:
@@ -312,6 +344,8 @@ def _supervise(
         port = None if first_port is None else first_port + slot
         mine = dataclasses.replace(options, metrics_port=port, worker_id=worker_id)
         exit_reporting_errors(lambda: _run(tasks, url, mine))
+        mine = dataclasses.replace(options, metrics_port=port)
+        exit_reporting_errors(lambda: _run(tasks, url, mine))  # its code: 0 or EXIT_RECYCLE
 
     if method == "fork":
         _preload(options)
@@ -345,8 +379,9 @@ def _preload(options: WorkerOptions) -> None:
             import prometheus_client  # noqa: F401
 
 
-def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
-    """One worker, in this process, until it is told to stop."""
+def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
+    """One worker, in this process, until it is told to stop (or recycles itself); the
+    process's exit code."""
     from pgqueue.worker import Worker, WorkerConfig
     from pgqueue.worker.maintenance import MaintenanceConfig
 
@@ -369,5 +404,9 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
             dead_retention=options.dead_retention,
             promote_after=options.promote_after,
         ),
+        max_overrunning=options.max_overrunning,
+        loop_block_threshold=options.loop_block_threshold,
     )
-    Worker(tasks, url, config).run()
+    worker = Worker(tasks, url, config)
+    worker.run()
+    return worker.exit_code
