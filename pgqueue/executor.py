@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -264,14 +264,31 @@ class DaemonThreadPool:
             self._queue.put(None)
 
 
-class Executor:
-    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool.
-    ``max_result_bytes`` bounds what a handler may return (None: read from the environment
-    for each task; a worker passes the value it read once when it was built)."""
+class ElsewhereRunner(Protocol):
+    """Runs the handlers it ``takes`` somewhere other than this process: the process
+    executor (pgqueue/worker/processes.py)."""
 
-    def __init__(self, threads: DaemonThreadPool, *, max_result_bytes: int | None = None) -> None:
+    def takes(self, handler: Handler) -> bool: ...
+
+    async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome: ...
+
+
+class Executor:
+    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool, and those
+    ``elsewhere`` takes there. ``max_result_bytes`` bounds what a handler may return (None:
+    read from the environment for each task; a worker passes the value it read once when it
+    was built)."""
+
+    def __init__(
+        self,
+        threads: DaemonThreadPool,
+        *,
+        max_result_bytes: int | None = None,
+        elsewhere: ElsewhereRunner | None = None,
+    ) -> None:
         self.threads = threads
         self.max_result_bytes = max_result_bytes
+        self.elsewhere = elsewhere
 
     async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
         if handler is None:
@@ -279,6 +296,8 @@ class Executor:
                 f"no handler is registered for task type {task.type!r} in this worker "
                 f"(queue {task.queue!r})"
             )
+        if self.elsewhere is not None and self.elsewhere.takes(handler):
+            return await self.elsewhere.run(task, ctx, handler)
         if handler.is_async:
             return await self._run_async(task, ctx, handler)
         return await self._run_sync(task, ctx, handler)

@@ -86,6 +86,20 @@ class WorkerMetrics:
     def lease_swept(self, result: MaintenanceResult) -> None:
         pass
 
+    # The process executor's children (pgqueue/worker/processes.py).
+
+    def child_started(self) -> None:
+        pass
+
+    def child_died(self) -> None:
+        """A child exited or was killed by something other than the worker (a crash)."""
+
+    def child_recycled(self, reason: str) -> None:
+        """Replaced between tasks (max_tasks_per_child, max_memory_per_child)."""
+
+    def child_killed(self, reason: str) -> None:
+        """Killed by the worker: time, memory, cancel, lease, shutdown."""
+
 
 NO_METRICS = WorkerMetrics()
 
@@ -167,6 +181,9 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.sweeps = {"swept": 0, "skipped": 0}
         self.swept_requeued = 0
         self.swept_dead = 0
+        self.children = {"started": 0, "died": 0}
+        self.children_recycled: dict[str, int] = {}
+        self.children_killed: dict[str, int] = {}
         self.depth = _QueueDepth(database_url, list(queues))
         self.registry = CollectorRegistry()  # not the global one: nothing else gets in
         self.registry.register(self)
@@ -218,6 +235,18 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.swept_requeued += result.requeued
         self.swept_dead += result.dead
 
+    def child_started(self) -> None:
+        self.children["started"] += 1
+
+    def child_died(self) -> None:
+        self.children["died"] += 1
+
+    def child_recycled(self, reason: str) -> None:
+        self.children_recycled[reason] = self.children_recycled.get(reason, 0) + 1
+
+    def child_killed(self, reason: str) -> None:
+        self.children_killed[reason] = self.children_killed.get(reason, 0) + 1
+
     # --- the exposition --------------------------------------------------------------------
 
     def describe(self) -> list[Metric]:
@@ -267,6 +296,33 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             "dead-lettered",
             value=self.swept_dead,
         )
+        yield CounterMetricFamily(
+            "pgqueue_worker_children_started",
+            "Child processes of the process executor started (the first ones and replacements)",
+            value=self.children["started"],
+        )
+        yield CounterMetricFamily(
+            "pgqueue_worker_children_died",
+            "Child processes that died by themselves (a crash, os._exit, the OOM killer)",
+            value=self.children["died"],
+        )
+        for name, help, counts in (
+            (
+                "pgqueue_worker_children_recycled",
+                "Child processes replaced between tasks (reason: max_tasks_per_child, "
+                "max_memory_per_child)",
+                self.children_recycled,
+            ),
+            (
+                "pgqueue_worker_children_killed",
+                "Child processes the worker killed (reason: time, memory, cancel, lease, shutdown)",
+                self.children_killed,
+            ),
+        ):
+            family = CounterMetricFamily(name, help, labels=["reason"])
+            for reason, n in sorted(counts.copy().items()):
+                family.add_metric([reason], n)
+            yield family
         yield from self.depth.collect()
 
     # --- the server ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pgqueue.executor import (
     Cancelled,
     Completed,
     DaemonThreadPool,
+    ElsewhereRunner,
     Executor,
     Failed,
     Lost,
@@ -61,6 +62,7 @@ class Runner:
         completer: Completer,
         pools: HandlerPools,
         max_result_bytes: int | None = None,
+        processes: ElsewhereRunner | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
         self._config = config
@@ -72,13 +74,16 @@ class Runner:
         self._completer = completer
         self._pools = pools
         self._max_result_bytes = max_result_bytes
+        self._processes = processes
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
         self._max_snoozes = max_snoozes()  # PGQUEUE_MAX_SNOOZES, checked at start
 
     def open(self) -> None:
         self._threads = DaemonThreadPool(self._config.concurrency)
-        self._executor = Executor(self._threads, max_result_bytes=self._max_result_bytes)
+        self._executor = Executor(
+            self._threads, max_result_bytes=self._max_result_bytes, elsewhere=self._processes
+        )
 
     def close(self) -> None:
         if self._threads is not None:

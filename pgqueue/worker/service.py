@@ -33,6 +33,7 @@ from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.listener import Listener
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.metrics import create as create_metrics
+from pgqueue.worker.processes import ProcessPool, needed
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
 from pgqueue.worker.state import Slots, StopRequest
@@ -69,6 +70,19 @@ class Worker:
         cfg, slots, url = self.config, self._slots, self.database_url
         self._db = Database(url, cfg, self._stop)
         self._pools = HandlerPools(url, cfg)
+        # The process executor's children, when a handler runs in one (processes.py).
+        self._processes = (
+            ProcessPool(
+                cfg,
+                registry,
+                url,
+                metrics=self.metrics,
+                stop=self._stop,
+                max_result_bytes=self._max_result_bytes,
+            )
+            if needed(registry, cfg)
+            else None
+        )
         self._completer = Completer(self._db, self.metrics, slots)
         self._runner = Runner(
             cfg,
@@ -79,6 +93,7 @@ class Worker:
             completer=self._completer,
             pools=self._pools,
             max_result_bytes=self._max_result_bytes,
+            processes=self._processes,
         )
         self._claimer = Claimer(
             cfg,
@@ -110,6 +125,10 @@ class Worker:
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (graceful; a second signal stops at once)."""
+        if self._processes is not None:
+            # Now, before the event loop, a connection or a thread exists: the fork server
+            # can be forked from this process (run_async alone has to spawn it).
+            self._processes.prepare()
         asyncio.run(self.run_async(install_signal_handlers=True))
 
     def request_stop(self, *, force: bool = False) -> None:
@@ -145,10 +164,17 @@ class Worker:
         self.request_stop()
 
     async def run_async(self, *, install_signal_handlers: bool = False) -> None:
+        processes = self._processes
+        if processes is not None:
+            processes.prepare()  # before the metrics thread (spawned if the loop's socket is there)
         self.metrics.start()  # /metrics and /healthz, with a metrics port only
         try:
+            if processes is not None:
+                await processes.open()
             await self._run(install_signal_handlers)
         finally:
+            if processes is not None:
+                await processes.close()
             self.metrics.stop()
 
     async def _run(self, install_signal_handlers: bool) -> None:
@@ -310,6 +336,8 @@ class Worker:
         for r in leftovers:
             r.released = True
             r.ctx.stop()
+        if self._processes is not None:  # their children dead first: none may run on
+            await self._processes.terminate({r.task.id for r in leftovers})
         leases = [r.task.lease for r in leftovers]
         released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
         for r in leftovers:
