@@ -24,6 +24,7 @@ from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
     from pgqueue.registry import TaskRegistry
+    from pgqueue.worker import WorkerConfig
 
 commands = typer.Typer()
 
@@ -123,6 +124,46 @@ MetricsHostOption = Annotated[
     ),
 ]
 
+ExecutorOption = Annotated[
+    str,
+    typer.Option(
+        help="Where handlers that name no executor run: thread (plain functions in threads, "
+        "async ones on the event loop) or process (each in a pool of child processes).",
+    ),
+]
+ProcessPoolSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Child processes for process tasks (default: the CPUs, at most --concurrency).",
+    ),
+]
+HardTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.001,
+        help="Seconds after a process task's timeout (or a cancel) before its child is "
+        "killed and replaced (a type's own hard_timeout wins).",
+    ),
+]
+MaxTasksPerChildOption = Annotated[
+    int | None, typer.Option(min=1, help="Replace a child process after this many tasks.")
+]
+MaxMemoryPerChildOption = Annotated[
+    float | None,
+    typer.Option(
+        min=1, help="Replace a child process between tasks once its memory (RSS) passes MB."
+    ),
+]
+MemoryLimitOption = Annotated[
+    float | None,
+    typer.Option(
+        min=1,
+        help="Kill a child process whose memory (RSS) passes MB, failing its task "
+        '("memory limit exceeded").',
+    ),
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerOptions:
@@ -145,6 +186,12 @@ class WorkerOptions:
     log_level: str
     metrics_port: int | None
     metrics_host: str
+    executor: str = "thread"
+    process_pool_size: int | None = None
+    hard_timeout: float = 5.0
+    max_tasks_per_child: int | None = None
+    max_memory_per_child: float | None = None
+    memory_limit: float | None = None
 
 
 @commands.command()
@@ -169,6 +216,12 @@ def worker(
     log_level: LogLevelOption = "INFO",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
+    executor: ExecutorOption = "thread",
+    process_pool_size: ProcessPoolSizeOption = None,
+    hard_timeout: HardTimeoutOption = 5.0,
+    max_tasks_per_child: MaxTasksPerChildOption = None,
+    max_memory_per_child: MaxMemoryPerChildOption = None,
+    memory_limit: MemoryLimitOption = None,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
     later, stops at once)."""
@@ -202,7 +255,14 @@ def worker(
         log_level=log_level,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        executor=executor,
+        process_pool_size=process_pool_size,
+        hard_timeout=hard_timeout,
+        max_tasks_per_child=max_tasks_per_child,
+        max_memory_per_child=max_memory_per_child,
+        memory_limit=memory_limit,
     )
+    _config(options)  # a bad combination refused here, before any process or connection
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
     if django == (registry is not None):
@@ -269,6 +329,15 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--log-level", options.log_level),
     ):
         argv += [name, str(value)]
+    argv += ["--executor", options.executor, "--hard-timeout", str(options.hard_timeout)]
+    for name, given in (
+        ("--process-pool-size", options.process_pool_size),
+        ("--max-tasks-per-child", options.max_tasks_per_child),
+        ("--max-memory-per-child", options.max_memory_per_child),
+        ("--memory-limit", options.memory_limit),
+    ):
+        if given is not None:
+            argv += [name, str(given)]
     for q in options.queues:
         argv += ["--queue", q]
     if not options.maintenance:
@@ -331,10 +400,16 @@ def _preload(options: WorkerOptions) -> None:
 
 def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
     """One worker, in this process, until it is told to stop."""
-    from pgqueue.worker import Worker, WorkerConfig
+    from pgqueue.worker import Worker
+
+    Worker(tasks, url, _config(options)).run()
+
+
+def _config(options: WorkerOptions) -> WorkerConfig:
+    from pgqueue.worker import WorkerConfig
     from pgqueue.worker.maintenance import MaintenanceConfig
 
-    config = WorkerConfig(
+    return WorkerConfig(
         queues=options.queues,
         concurrency=options.concurrency,
         lease_seconds=options.lease_seconds,
@@ -352,5 +427,10 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
             dead_retention=options.dead_retention,
             promote_after=options.promote_after,
         ),
+        executor=options.executor,
+        process_pool_size=options.process_pool_size,
+        hard_timeout=options.hard_timeout,
+        max_tasks_per_child=options.max_tasks_per_child,
+        max_memory_per_child=options.max_memory_per_child,
+        memory_limit=options.memory_limit,
     )
-    Worker(tasks, url, config).run()
