@@ -37,7 +37,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import select
 import signal
 import socket
@@ -473,14 +472,21 @@ class Child:
         self._registry = registry
         self._settings = settings
         self._parent = parent
-        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the current task, between the two threads
+        self._read_lock = threading.Lock()  # who reads the socket: main, or reader (_running)
+        self._running = False
+        self._reading = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
         self.current: _Current | None = None
         self._conn = _OwnConnection(settings.database_url)
         self._aconn = _OwnAsyncConnection(settings.database_url)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self) -> int:
+        """The main thread reads the worker's messages itself between tasks (a run then
+        starts without waking another thread); while a task runs, the reader thread does,
+        for its stop. The end of the socket is the worker gone (or closing it to be rid of
+        this child): exit at once."""
         die_with_parent(self._parent)
         signal.signal(signal.SIGALRM, self._on_alarm)
         signal.signal(signal.SIGUSR1, self._on_cancel)
@@ -490,12 +496,32 @@ class Child:
                 handler.addFilter(fields)
         threading.Thread(target=self._read, name="pgqueue-child-reader", daemon=True).start()
         self._send({"op": "ready", "pid": os.getpid()})
-        while (message := self._inbox.get()) is not None:
-            self._send(self._run(message))
+        while True:
+            message = read_frame(self._sock)
+            if message is None:
+                _exit_now(0)
+            if message["op"] == "exit":
+                break
+            if message["op"] != "run":
+                continue  # a stop that crossed the result of its task: nothing runs now
+            with self._read_lock:
+                self._running = True
+            self._reading.set()
+            try:
+                reply = self._run(message)
+            finally:
+                self._handover()
+            self._send(reply)
         self._conn.close()
         if self._loop is not None:
             self._loop.run_until_complete(self._aconn.close())
         return 0
+
+    def _handover(self) -> None:
+        """Take reading back from the reader thread (never in the middle of a message)."""
+        with self._read_lock:
+            self._running = False
+        os.write(self._wake_w, b"x")
 
     def _send(self, message: dict[str, Any]) -> None:
         try:
@@ -504,18 +530,30 @@ class Child:
             _exit_now(0)  # the worker is gone
 
     def _read(self) -> None:
-        """The reader thread: runs queue up for the main thread, stops apply at once. The end
-        of the socket is the worker gone (or closing it to be rid of this child): exit."""
-        with contextlib.suppress(OSError, ValueError):
-            while (message := read_frame(self._sock)) is not None:
-                op = message["op"]
-                if op == "run":
-                    self._inbox.put(message)
-                elif op == "stop":
+        """The reader thread: while a task runs, the worker's stop messages."""
+        watched: list[Any] = [self._sock, self._wake_r]
+        while True:
+            self._reading.wait()
+            self._reading.clear()
+            while True:
+                readable, _, _ = select.select(watched, [], [])
+                if self._wake_r in readable:
+                    os.read(self._wake_r, 4096)
+                with self._read_lock:
+                    if not self._running:
+                        break  # the main thread reads again
+                    # Readable now, not only when select looked: the main thread may have
+                    # read what woke it (a run) before this task began.
+                    if not select.select([self._sock], [], [], 0)[0]:
+                        continue
+                    try:
+                        message = read_frame(self._sock)
+                    except (OSError, ValueError):
+                        message = None
+                if message is None:
+                    _exit_now(0)
+                if message["op"] == "stop":
                     self._stop(message["task_id"], message["reason"])
-                elif op == "exit":
-                    self._inbox.put(None)
-        _exit_now(0)
 
     def _stop(self, task_id: str, reason: str) -> None:
         with self._lock:

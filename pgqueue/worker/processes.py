@@ -65,7 +65,9 @@ from pgqueue.worker.process_wire import HEADER, frame, outcome_from, packet, tas
 from pgqueue.worker.state import StopRequest
 
 MB = 1024 * 1024
-MEMORY_SAMPLE_SECONDS = 0.1
+# How often the watcher looks at busy children: a stop reaches one, and a deadline kills
+# one, this late at most; memory is sampled every other round.
+WATCH_SECONDS = 0.05
 # After asking the fork server to kill a child: how long before killing it directly.
 KILL_CONFIRM_SECONDS = 5.0
 # A child that exited but whose socket stays open (a grandchild inherited it) is dead anyway.
@@ -115,6 +117,12 @@ class ChildProcess:
     exited: bool = False
     eof: bool = False
     kill_reason: str | None = None  # time, memory, cancel, lease, shutdown
+    # The task it runs now, as the watcher sees it.
+    ctx: TaskContext | None = None
+    hard: float = 0.0
+    kill_at: float | None = None  # time.monotonic()
+    told_stop: bool = False
+    told_shutdown: bool = False
     memory_error: str = ""
     retiring: bool = False
 
@@ -206,6 +214,7 @@ class ProcessPool:
         self._seq = itertools.count()
         self._helpers: set[asyncio.Task[Any]] = set()
         self._starting = 0
+        self._busy: set[ChildProcess] = set()
         self._backoff = 0.0
         self._closing = False
         # Seconds from asking for a child to its first word, for each child started.
@@ -390,8 +399,7 @@ class ProcessPool:
                 note="each child of the process executor is a new interpreter, slower to "
                 "replace than a fork",
             )
-        if self._config.memory_limit is not None:
-            self._helper(self._watch_memory(self._config.memory_limit))
+        self._helper(self._watch())
 
     async def _add_child(self) -> ChildProcess:
         """Ask the fork server for a child and wait for its first word."""
@@ -629,57 +637,67 @@ class ProcessPool:
         timeout: float | None,
         hard: float,
     ) -> dict[str, Any] | None:
-        """Send the task and wait for the child's answer (None: it died), telling it to stop
-        when the worker hears why, and killing it past the hard limit."""
-        loop = asyncio.get_running_loop()
-        child.task = task
+        """Send the task and wait for the child's answer (None: it died). The watcher
+        (:meth:`_watch`) tells the child to stop when the worker hears why, and kills it past
+        the hard limit, so that a task costs no timer of its own."""
+        child.task, child.ctx, child.hard = task, ctx, hard
         child.kill_reason = None
-        result = child.result = loop.create_future()
+        child.told_stop = child.told_shutdown = False
+        result = child.result = asyncio.get_running_loop().create_future()
         if child.dead.done():  # died after it was handed over: nothing to wait for
             result.set_result(None)
         carrier = tracing.current_carrier()
         self._send(
             child, {"op": "run", "task": task_message(task), "timeout": timeout, "carrier": carrier}
         )
-        kill_at = None if timeout is None else loop.time() + timeout + hard
-        stopped = asyncio.ensure_future(ctx.stopped())
-        shutdown = asyncio.ensure_future(self._stop.requested.wait())
-        told_stop = told_shutdown = False
+        child.kill_at = None if timeout is None else time.monotonic() + timeout + hard
+        self._busy.add(child)
         try:
-            while not result.done():
-                waits: set[asyncio.Future[Any]] = {result}
-                if not told_stop:
-                    waits.add(stopped)
-                if not told_shutdown:
-                    waits.add(shutdown)
-                delay = None if kill_at is None else max(kill_at - loop.time(), 0.0)
-                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-                if result.done():
-                    break
-                if kill_at is not None and loop.time() >= kill_at:
-                    kill_at = None
-                    self._killed(child, task, _kill_reason(ctx))
-                if stopped.done() and not told_stop:
-                    told_stop = True
-                    reason = (
-                        "cancel"
-                        if ctx.cancel_requested
-                        else "lease_lost"
-                        if ctx.lease_lost
-                        else "stop"
-                    )
-                    self._send(child, {"op": "stop", "task_id": str(task.id), "reason": reason})
-                    if reason != "stop" and child.kill_reason is None:
-                        grace = loop.time() + hard
-                        kill_at = grace if kill_at is None else min(kill_at, grace)
-                if shutdown.done() and not told_shutdown:
-                    told_shutdown = True
-                    self._send(child, {"op": "stop", "task_id": str(task.id), "reason": "shutdown"})
+            reply: dict[str, Any] | None = await result
         finally:
-            stopped.cancel()
-            shutdown.cancel()
-        reply: dict[str, Any] | None = result.result()
+            self._busy.discard(child)
         return reply
+
+    async def _watch(self) -> None:
+        """Every WATCH_SECONDS, each busy child: past its deadline, killed; its task to stop
+        (a cancel, a lost lease, the worker stopping), told; over the memory limit (every
+        other round), killed."""
+        limit = self._config.memory_limit
+        rounds = 0
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            rounds += 1
+            now = time.monotonic()
+            memory = limit is not None and rounds % 2 == 0
+            for child in list(self._busy):
+                self._watch_one(child, now, limit if memory else None)
+
+    def _watch_one(self, child: ChildProcess, now: float, limit_mb: float | None) -> None:
+        task, ctx, result = child.task, child.ctx, child.result
+        if task is None or ctx is None or result is None or result.done():
+            return
+        if child.kill_reason is not None:
+            return  # dying
+        if child.kill_at is not None and now >= child.kill_at:
+            self._killed(child, task, _kill_reason(ctx))
+            return
+        if not child.told_stop and ctx.should_stop():
+            child.told_stop = True
+            reason = (
+                "cancel" if ctx.cancel_requested else "lease_lost" if ctx.lease_lost else "stop"
+            )
+            self._send(child, {"op": "stop", "task_id": str(task.id), "reason": reason})
+            if reason != "stop":  # then killed if it has not stopped within hard_timeout
+                grace = now + child.hard
+                child.kill_at = grace if child.kill_at is None else min(child.kill_at, grace)
+        if not child.told_shutdown and self._stop.stopping:
+            child.told_shutdown = True
+            self._send(child, {"op": "stop", "task_id": str(task.id), "reason": "shutdown"})
+        if limit_mb is not None:
+            rss = rss_bytes(child.pid)
+            if rss is not None and rss > limit_mb * MB:
+                child.memory_error = f"memory limit exceeded ({rss / MB:.0f} MB > {limit_mb:g} MB)"
+                self._killed(child, task, "memory")
 
     def _killed(self, child: ChildProcess, task: ClaimedTask, reason: str) -> None:
         self._kill(child, reason)
@@ -745,7 +763,7 @@ class ProcessPool:
 
     def _after(self, child: ChildProcess) -> None:
         """The child's task is over: it is free again, recycled, or (dead) replaced."""
-        child.task = None
+        child.task = child.ctx = None
         child.result = None
         if child.dead.done() or child.kill_reason is not None:
             self._refill()
@@ -773,23 +791,6 @@ class ProcessPool:
             rss_mb="" if rss is None else round(rss / MB, 1),
         )
         self._refill()
-
-    async def _watch_memory(self, limit_mb: float) -> None:
-        """Every 100 ms, each busy child's resident memory; one past the limit is killed and
-        its task failed (a child between tasks cannot grow)."""
-        limit = limit_mb * MB
-        while True:
-            await asyncio.sleep(MEMORY_SAMPLE_SECONDS)
-            for child in list(self._children.values()):
-                task = child.task
-                if task is None or child.kill_reason is not None or child.dead.done():
-                    continue
-                rss = rss_bytes(child.pid)
-                if rss is not None and rss > limit:
-                    child.memory_error = (
-                        f"memory limit exceeded ({rss / MB:.0f} MB > {limit_mb:g} MB)"
-                    )
-                    self._killed(child, task, "memory")
 
     # --- stopping ----------------------------------------------------------------------------
 
