@@ -2,7 +2,7 @@
 brings are injected on a seeded schedule, and then every task is accounted for.
 
     python -m bench.chaos                      # the full run: 20,000 tasks, every scenario
-    python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, ~1 min
+    python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, 1-1.5 min
     python -m bench.chaos --scenarios pinned_xid,pinned_readers --tasks 3000
     python -m bench.chaos --seed 7 --scenarios kill9,sigstop --tasks 5000
     python -m bench.chaos --scenarios workflow --tasks 3000 --seed 1
