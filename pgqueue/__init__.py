@@ -49,7 +49,10 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         QueueNotFound,
         ResultTooLarge,
         SchemaNotReady,
+        TaskCancelled,
+        TaskInterrupted,
         TaskNotFound,
+        TimeLimitExceeded,
         UnknownParent,
         UnsupportedConnection,
         ValidationError,
@@ -172,7 +175,10 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "QueueNotFound",
         "ResultTooLarge",
         "SchemaNotReady",
+        "TaskCancelled",
+        "TaskInterrupted",
         "TaskNotFound",
+        "TimeLimitExceeded",
         "UnknownParent",
         "UnsupportedConnection",
         "ValidationError",
@@ -434,3 +440,6 @@ __all__ += [
     "wait_workflow",
     "workflow",
 ]
+
+# The process executor: what a handler in a child process sees when it is told to stop.
+__all__ += ["TaskCancelled", "TaskInterrupted", "TimeLimitExceeded"]

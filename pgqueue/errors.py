@@ -185,6 +185,35 @@ class LeaseLost(PgQueueError):
         self.task_id = task_id
 
 
+class TaskInterrupted(PgQueueError):
+    """Raised inside a handler that runs in a child process (``executor="process"``) to make
+    it stop: :class:`TimeLimitExceeded` when its timeout passes, :class:`TaskCancelled` when
+    someone cancels its task. Catch it to clean up (close a file, roll back); whatever the
+    handler does afterwards, the attempt is recorded as timed out, or the task as cancelled,
+    and a handler still running ``hard_timeout`` seconds later is killed with its process.
+    A handler stuck in C code (a blocking call that never returns to Python) never sees it:
+    the kill is what stops it then.
+
+    Async handlers in a child see ``asyncio.CancelledError`` instead (asyncio's way to stop a
+    coroutine), as they would under ``asyncio.timeout``; handlers in threads or on the
+    worker's loop never see either (``ctx.should_stop()`` is their signal)."""
+
+
+class TimeLimitExceeded(TaskInterrupted):
+    """The task's ``timeout`` passed (the soft limit); ``seconds`` is the timeout."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the task's time limit of {seconds:g} s passed")
+        self.seconds = seconds
+
+
+class TaskCancelled(TaskInterrupted):
+    """Someone asked to cancel the running task (``pgqueue cancel``, ``DELETE``)."""
+
+    def __init__(self, reason: str = "cancellation requested") -> None:
+        super().__init__(reason)
+
+
 ComparedField = Literal["type", "queue", "payload"]  # what a refused key reuse differs in
 
 

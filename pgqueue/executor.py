@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -272,10 +272,20 @@ class DaemonThreadPool:
             self._queue.put(None)
 
 
+class ElsewhereRunner(Protocol):
+    """Runs the handlers it ``takes`` somewhere other than this process: the process
+    executor (pgqueue/worker/processes.py)."""
+
+    def takes(self, handler: Handler) -> bool: ...
+
+    async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome: ...
+
+
 class Executor:
-    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool.
-    ``max_result_bytes`` bounds what a handler may return (None: read from the environment
-    for each task; a worker passes the value it read once when it was built).
+    """Calls handlers: async ones on the loop, sync ones on the daemon thread pool, and those
+    ``elsewhere`` takes there. ``max_result_bytes`` bounds what a handler may return (None:
+    read from the environment for each task; a worker passes the value it read once when it
+    was built).
 
     ``on_overrun(ctx, timeout)`` is called on the loop when a sync handler's timeout passes
     while its thread runs on; ``stalled()`` (the worker's watchdog) says how long the loop
@@ -289,11 +299,13 @@ class Executor:
         max_result_bytes: int | None = None,
         on_overrun: Callable[[TaskContext, float], None] | None = None,
         stalled: Callable[[], float] | None = None,
+        elsewhere: ElsewhereRunner | None = None,
     ) -> None:
         self.threads = threads
         self.max_result_bytes = max_result_bytes
         self.on_overrun = on_overrun
         self.stalled = stalled
+        self.elsewhere = elsewhere
 
     async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
         if handler is None:
@@ -301,6 +313,8 @@ class Executor:
                 f"no handler is registered for task type {task.type!r} in this worker "
                 f"(queue {task.queue!r})"
             )
+        if self.elsewhere is not None and self.elsewhere.takes(handler):
+            return await self.elsewhere.run(task, ctx, handler)
         if handler.is_async:
             return await self._run_async(task, ctx, handler)
         return await self._run_sync(task, ctx, handler)

@@ -15,6 +15,7 @@ from typing import Any
 
 logger = logging.getLogger("pgqueue")
 logger.addHandler(logging.NullHandler())  # a library stays quiet until configured
+_configured: tuple[str, str] | None = None  # configure()'s arguments, for a spawned child
 
 
 # LogRecord's own attributes: a field of that name stays in pgqueue_fields only.
@@ -95,6 +96,8 @@ def configure(fmt: str = "text", level: str = "INFO") -> None:
         from pgqueue.errors import ConfigurationError
 
         raise ConfigurationError(f"log format must be 'text' or 'json', not {fmt!r}")
+    global _configured
+    _configured = (fmt, level)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger.handlers[:] = [handler]
@@ -105,3 +108,9 @@ def configure(fmt: str = "text", level: str = "INFO") -> None:
     driver.handlers[:] = [handler]
     driver.setLevel(max(logging.WARNING, logger.level))
     driver.propagate = False
+
+
+def configuration() -> tuple[str, str] | None:
+    """The format and level :func:`configure` was last called with (None: never), so that a
+    process the worker spawns can log the same way."""
+    return _configured

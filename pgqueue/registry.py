@@ -13,6 +13,13 @@ vocabulary is closed:
 - raise :class:`Snooze` (``after=`` seconds): queued again that much later, no attempt spent
   (bounded: see Snooze);
 - raise anything else: a failed attempt, retried with the type's backoff or dead-lettered.
+
+Where a handler runs is its *executor*: ``"async"`` (on the worker's event loop: ``async
+def`` handlers), ``"thread"`` (the worker's thread pool: plain functions doing blocking I/O)
+or ``"process"`` (a pool of child processes: CPU-bound work, and code that may crash, hang in
+C or leak memory, see pgqueue/worker/processes.py). A type that names none runs where the
+worker's default puts it (``pgqueue worker --executor``): ``thread`` for plain functions and
+``async`` for coroutine functions, unless the worker's default is ``process``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,48 @@ class Retry(Exception):  # an outcome, not an error
 
 class Cancel(Exception):  # an outcome, not an error
     """Raised by a handler to cancel its task for good (no retry)."""
+
+
+# Where a handler may run (see the module's docstring).
+EXECUTORS = ("async", "thread", "process")
+
+
+def check_executor(
+    fn: Callable[..., Any], is_async: bool, executor: str | None, hard_timeout: float | None
+) -> None:
+    """Refuse, at decoration time, an executor that does not exist or cannot run ``fn``, and a
+    hard timeout where no process could be killed."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if executor is not None and executor not in EXECUTORS:
+        raise ValidationError(
+            "executor",
+            f"unknown executor {executor!r} for {name}; expected one of "
+            + ", ".join(repr(e) for e in EXECUTORS),
+        )
+    if executor == "async" and not is_async:
+        raise ValidationError(
+            "executor",
+            f"'async' runs coroutine functions on the worker's event loop, and {name} is a "
+            "plain function: use 'thread' or 'process' (or make it async def)",
+        )
+    if executor == "thread" and is_async:
+        raise ValidationError(
+            "executor",
+            f"'thread' runs plain functions, and {name} is async def: use 'async' or 'process'",
+        )
+    if hard_timeout is not None:
+        if (
+            isinstance(hard_timeout, bool)
+            or not isinstance(hard_timeout, int | float)
+            or not 0 < hard_timeout < math.inf
+        ):
+            raise ValidationError("hard_timeout", f"must be positive seconds, not {hard_timeout!r}")
+        if executor in ("async", "thread"):
+            raise ValidationError(
+                "hard_timeout",
+                f"applies to the 'process' executor only (a {executor!r} handler cannot be "
+                "killed); it is how long after its timeout a child process is killed",
+            )
 
 
 # Issue 15. The longest snooze: the longest delay an enqueue may ask for (10 years).
@@ -96,6 +145,18 @@ class Handler:
     queue: str | None = None
     priority: Priority | None = None
     parameters: Mapping[str, Any] | None = None
+    # Where it runs ("async", "thread", "process"; None: the worker's default), and for a
+    # process task, how long after its timeout its child is killed (None: the worker's).
+    executor: str | None = None
+    hard_timeout: float | None = None
+
+    def executor_under(self, default: str) -> str:
+        """Where this handler runs in a worker whose default executor is ``default``."""
+        if self.executor is not None:
+            return self.executor
+        if default == "process":
+            return "process"
+        return "async" if self.is_async else "thread"
 
 
 class TaskRegistry:
@@ -104,6 +165,9 @@ class TaskRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
         self._schedules: dict[str, Schedule] = {}
+        # Where a new process imports this registry from (``module:attribute``), when it is
+        # known: set by load(); the process executor needs it to spawn its children.
+        self.origin: str | None = None
 
     def handler(
         self,
@@ -112,6 +176,8 @@ class TaskRegistry:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        executor: str | None = None,
+        hard_timeout: float | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of ``type``.
 
@@ -119,7 +185,10 @@ class TaskRegistry:
         database at start (pgqueue.task_types), so it applies to every task of the type
         submitted without a policy of its own, however it was submitted (library, CLI or
         HTTP), and is what status, list and the logs show. ``timeout`` (seconds) fails an
-        attempt that runs longer.
+        attempt that runs longer. ``executor`` is where it runs (``"async"``, ``"thread"``,
+        ``"process"``; default: the worker's); in a child process the timeout raises
+        :class:`~pgqueue.TimeLimitExceeded` in the handler, and ``hard_timeout`` seconds
+        later (default: the worker's, 5 s) the child is killed.
         """
         check_name("type", type)
         if timeout is not None and timeout <= 0:
@@ -132,12 +201,16 @@ class TaskRegistry:
         def register(fn: F) -> F:
             if type in self._handlers:
                 raise ValueError(f"task type {type!r} already has a handler")
+            is_async = inspect.iscoroutinefunction(fn)
+            check_executor(fn, is_async, executor, hard_timeout)
             self._handlers[type] = Handler(
                 type=type,
                 fn=fn,
-                is_async=inspect.iscoroutinefunction(fn),
+                is_async=is_async,
                 retry=policy,
                 timeout=timeout,
+                executor=executor,
+                hard_timeout=hard_timeout,
             )
             return fn
 
@@ -160,6 +233,8 @@ class TaskRegistry:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        executor: str | None = None,
+        hard_timeout: float | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -173,6 +248,8 @@ class TaskRegistry:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        executor: str | None = None,
+        hard_timeout: float | None = None,
     ) -> Any:
         """Declare a function with ordinary parameters as a task type (``@tasks.task`` or
         ``@tasks.task(...)``); see pgqueue.function_tasks.TaskFunction for what it gains.
@@ -182,7 +259,7 @@ class TaskRegistry:
         ``queue``, ``priority``, ``max_attempts``/``retry`` are the type's defaults wherever
         a task of it is submitted (library, CLI, HTTP) without its own: a worker records
         them in the database at start. ``timeout`` (seconds) fails an attempt that runs
-        longer.
+        longer; ``executor`` and ``hard_timeout`` are :meth:`handler`'s.
         """
 
         def register(f: Callable[..., Any]) -> TaskFunction[..., Any]:
@@ -197,6 +274,7 @@ class TaskRegistry:
             )
             if declared.type in self._handlers:
                 raise ValueError(f"task type {declared.type!r} already has a handler")
+            check_executor(f, declared.is_async, executor, hard_timeout)
             decl = declared.declaration()
             self._handlers[declared.type] = Handler(
                 type=declared.type,
@@ -207,6 +285,8 @@ class TaskRegistry:
                 queue=decl.queue,
                 priority=decl.priority,
                 parameters=decl.parameters,
+                executor=executor,
+                hard_timeout=hard_timeout,
             )
             return declared
 
@@ -326,4 +406,7 @@ def load(spec: str) -> TaskRegistry:
         raise ValidationError(
             "registry", f"{spec} is a {type(obj).__name__}, not a pgqueue.TaskRegistry"
         )
+    if obj.origin is None:
+        name = attr or next(k for k, v in vars(module).items() if v is obj)
+        obj.origin = f"{module_name}:{name}"
     return obj

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -88,12 +88,14 @@ def start_method() -> str:
     return raw
 
 
-def fork_hazard() -> str | None:
+def fork_hazard(allowed: Collection[int] = ()) -> str | None:
     """Why forking this process now would be unsafe, or None: a thread besides this one (a
     fork copies only the calling thread; a lock another one held stays locked in the child)
     or an open socket (a database connection, say: two processes would talk over one).
     Standard input, output and error are shared on purpose, whatever they are (under
-    systemd, a socket to the journal), as a spawned child shares them."""
+    systemd, a socket to the journal), as a spawned child shares them; so are the
+    ``allowed`` descriptors (the process executor's fork server: its own control socket,
+    which each child closes first)."""
     others = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
     if others:
         return f"a thread is running ({', '.join(sorted(others))})"
@@ -103,7 +105,7 @@ def fork_hazard() -> str | None:
         if tasks.is_dir() and len(list(tasks.iterdir())) > 1:
             return "a thread not started by Python is running"
         for fd in fds.iterdir():
-            if int(fd.name) <= 2:
+            if int(fd.name) <= 2 or int(fd.name) in allowed:
                 continue
             with contextlib.suppress(OSError):
                 if os.readlink(fd).startswith("socket:"):

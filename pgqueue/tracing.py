@@ -157,6 +157,33 @@ def execution_span(
         yield span
 
 
+def current_carrier() -> dict[str, str] | None:
+    """The current span's W3C context (None when off): what a child process is given to run a
+    task in, so that the handler's own spans there are children of the execution span."""
+    if not enabled():
+        return None
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+@contextlib.contextmanager
+def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
+    """Make ``carrier`` (:func:`current_carrier` of another process) the current context."""
+    if not carrier or _api() is None:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    token = context.attach(propagate.extract(dict(carrier)))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 def batch_names(types: set[str], queues: set[str]) -> tuple[str, str]:
     """The type and queue a batch's span is named by: the one there is, or "(mixed)"."""
 

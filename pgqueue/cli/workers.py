@@ -24,6 +24,7 @@ from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
     from pgqueue.registry import TaskRegistry
+    from pgqueue.worker import WorkerConfig
 
 commands = typer.Typer()
 
@@ -144,6 +145,45 @@ LoopBlockedAfterOption = Annotated[
         "event loop runs nothing for longer than this many seconds; 0: off.",
     ),
 ]
+ExecutorOption = Annotated[
+    str,
+    typer.Option(
+        help="Where handlers that name no executor run: thread (plain functions in threads, "
+        "async ones on the event loop) or process (each in a pool of child processes).",
+    ),
+]
+ProcessPoolSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Child processes for process tasks (default: the CPUs, at most --concurrency).",
+    ),
+]
+HardTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.001,
+        help="Seconds after a process task's timeout (or a cancel) before its child is "
+        "killed and replaced (a type's own hard_timeout wins).",
+    ),
+]
+MaxTasksPerChildOption = Annotated[
+    int | None, typer.Option(min=1, help="Replace a child process after this many tasks.")
+]
+MaxMemoryPerChildOption = Annotated[
+    float | None,
+    typer.Option(
+        min=1, help="Replace a child process between tasks once its memory (RSS) passes MB."
+    ),
+]
+MemoryLimitOption = Annotated[
+    float | None,
+    typer.Option(
+        min=1,
+        help="Kill a child process whose memory (RSS) passes MB, failing its task "
+        '("memory limit exceeded").',
+    ),
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +210,12 @@ class WorkerOptions:
     worker_id: str = ""  # empty: the worker makes one up (HOST:PID:RANDOM)
     max_overrunning: int | None = None
     loop_block_threshold: float = 0.1
+    executor: str = "thread"
+    process_pool_size: int | None = None
+    hard_timeout: float = 5.0
+    max_tasks_per_child: int | None = None
+    max_memory_per_child: float | None = None
+    memory_limit: float | None = None
 
 
 @commands.command()
@@ -197,6 +243,12 @@ def worker(
     worker_id: WorkerIdOption = "",
     max_overrunning: MaxOverrunningOption = None,
     loop_blocked_after: LoopBlockedAfterOption = 0.1,
+    executor: ExecutorOption = "thread",
+    process_pool_size: ProcessPoolSizeOption = None,
+    hard_timeout: HardTimeoutOption = 5.0,
+    max_tasks_per_child: MaxTasksPerChildOption = None,
+    max_memory_per_child: MaxMemoryPerChildOption = None,
+    memory_limit: MemoryLimitOption = None,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
     later, stops at once).
@@ -236,7 +288,14 @@ def worker(
         worker_id=worker_id,
         max_overrunning=max_overrunning,
         loop_block_threshold=loop_blocked_after,
+        executor=executor,
+        process_pool_size=process_pool_size,
+        hard_timeout=hard_timeout,
+        max_tasks_per_child=max_tasks_per_child,
+        max_memory_per_child=max_memory_per_child,
+        memory_limit=memory_limit,
     )
+    _config(options)  # a bad combination refused here, before any process or connection
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: the current directory's modules are importable
     if django == (registry is not None):
@@ -308,6 +367,15 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         argv += [name, str(value)]
     if options.max_overrunning is not None:
         argv += ["--max-overrunning", str(options.max_overrunning)]
+    argv += ["--executor", options.executor, "--hard-timeout", str(options.hard_timeout)]
+    for name, given in (
+        ("--process-pool-size", options.process_pool_size),
+        ("--max-tasks-per-child", options.max_tasks_per_child),
+        ("--max-memory-per-child", options.max_memory_per_child),
+        ("--memory-limit", options.memory_limit),
+    ):
+        if given is not None:
+            argv += [name, str(given)]
     for q in options.queues:
         argv += ["--queue", q]
     if not options.maintenance:
@@ -343,8 +411,6 @@ def _supervise(
         os.environ[ENV_DATABASE_URL] = url  # what a spawned child has (its handlers may read it)
         port = None if first_port is None else first_port + slot
         mine = dataclasses.replace(options, metrics_port=port, worker_id=worker_id)
-        exit_reporting_errors(lambda: _run(tasks, url, mine))
-        mine = dataclasses.replace(options, metrics_port=port)
         exit_reporting_errors(lambda: _run(tasks, url, mine))  # its code: 0 or EXIT_RECYCLE
 
     if method == "fork":
@@ -382,10 +448,18 @@ def _preload(options: WorkerOptions) -> None:
 def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
     """One worker, in this process, until it is told to stop (or recycles itself); the
     process's exit code."""
-    from pgqueue.worker import Worker, WorkerConfig
+    from pgqueue.worker import Worker
+
+    worker = Worker(tasks, url, _config(options))
+    worker.run()
+    return worker.exit_code
+
+
+def _config(options: WorkerOptions) -> WorkerConfig:
+    from pgqueue.worker import WorkerConfig
     from pgqueue.worker.maintenance import MaintenanceConfig
 
-    config = WorkerConfig(
+    return WorkerConfig(
         queues=options.queues,
         concurrency=options.concurrency,
         lease_seconds=options.lease_seconds,
@@ -406,7 +480,10 @@ def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
         ),
         max_overrunning=options.max_overrunning,
         loop_block_threshold=options.loop_block_threshold,
+        executor=options.executor,
+        process_pool_size=options.process_pool_size,
+        hard_timeout=options.hard_timeout,
+        max_tasks_per_child=options.max_tasks_per_child,
+        max_memory_per_child=options.max_memory_per_child,
+        memory_limit=options.memory_limit,
     )
-    worker = Worker(tasks, url, config)
-    worker.run()
-    return worker.exit_code

@@ -4,6 +4,7 @@ the worker has touched the database, rather than as an odd behaviour hours later
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import uuid
@@ -49,6 +50,21 @@ class WorkerConfig:
     # its timers for longer than this many seconds: an async handler calling blocking code
     # stalls every task, heartbeat and claim of the worker meanwhile. 0 or None: no watchdog.
     loop_block_threshold: float | None = 0.1
+    # Where handlers that name no executor run: "thread" (plain functions in threads, async
+    # ones on the event loop) or "process" (every one in a pool of child processes).
+    executor: str = "thread"
+    # The process executor (pgqueue/worker/processes.py). Children in the pool (None: the
+    # CPUs this process may use, at most the concurrency).
+    process_pool_size: int | None = None
+    # Seconds after a process task's timeout before its child is killed (a type's own
+    # hard_timeout wins), and after a cancel before a handler that did not stop is.
+    hard_timeout: float = 5.0
+    # Replace a child after this many tasks (None: never), or, between tasks, once its
+    # resident memory passes max_memory_per_child MB; kill it (failing its task) the moment
+    # it passes memory_limit MB.
+    max_tasks_per_child: int | None = None
+    max_memory_per_child: float | None = None
+    memory_limit: float | None = None
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -78,5 +94,55 @@ class WorkerConfig:
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValidationError("metrics_port", f"must be 0 to 65535, not {self.metrics_port}")
+        self._check_processes()
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+    def _check_processes(self) -> None:
+        if self.executor == "async":
+            raise ValidationError(
+                "executor",
+                "'async' is for async def handlers only; a worker's default is 'thread' "
+                "(plain functions in threads, async ones on the event loop) or 'process'",
+            )
+        if self.executor not in ("thread", "process"):
+            raise ValidationError(
+                "executor", f"must be 'thread' or 'process', not {self.executor!r}"
+            )
+        size = self.process_pool_size
+        if size is not None and not 1 <= size <= self.concurrency:
+            raise ValidationError(
+                "process_pool_size",
+                f"must be 1 to the concurrency ({self.concurrency}), not {size}: a child runs "
+                "one task at a time, and the worker runs at most concurrency at once",
+            )
+        if not 0 < self.hard_timeout < math.inf:
+            raise ValidationError(
+                "hard_timeout", f"must be positive seconds, not {self.hard_timeout}"
+            )
+        if self.max_tasks_per_child is not None and self.max_tasks_per_child < 1:
+            raise ValidationError(
+                "max_tasks_per_child", f"must be at least 1, not {self.max_tasks_per_child}"
+            )
+        for name in ("max_memory_per_child", "memory_limit"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < math.inf:
+                raise ValidationError(name, f"must be positive megabytes, not {value}")
+        soft, hard = self.max_memory_per_child, self.memory_limit
+        if soft is not None and hard is not None and soft >= hard:
+            raise ValidationError(
+                "max_memory_per_child",
+                f"must be below memory_limit ({hard:g} MB), not {soft:g} MB: a child is "
+                "recycled between tasks at the first, and killed mid-task at the second",
+            )
+
+    @property
+    def process_children(self) -> int:
+        """How many children the process executor runs."""
+        if self.process_pool_size is not None:
+            return self.process_pool_size
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count() or 1
+        return max(1, min(cpus, self.concurrency))

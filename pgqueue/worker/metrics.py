@@ -97,6 +97,20 @@ class WorkerMetrics:
         """The event loop did not run for ``seconds`` (the watchdog's thread may call this);
         ``type`` is the async handler's that held it, "" when unknown."""
 
+    # The process executor's children (pgqueue/worker/processes.py).
+
+    def child_started(self) -> None:
+        pass
+
+    def child_died(self) -> None:
+        """A child exited or was killed by something other than the worker (a crash)."""
+
+    def child_recycled(self, reason: str) -> None:
+        """Replaced between tasks (max_tasks_per_child, max_memory_per_child)."""
+
+    def child_killed(self, reason: str) -> None:
+        """Killed by the worker: time, memory, cancel, lease, shutdown."""
+
 
 NO_METRICS = WorkerMetrics()
 
@@ -188,6 +202,9 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.overrunning = 0
         # By handler type ("": unknown); bumped by the loop watchdog's thread only.
         self.loop_blocks: dict[str, tuple[int, float]] = {}
+        self.children = {"started": 0, "died": 0}
+        self.children_recycled: dict[str, int] = {}
+        self.children_killed: dict[str, int] = {}
         self.depth = _QueueDepth(database_url, list(queues))
         self.registry = CollectorRegistry()  # not the global one: nothing else gets in
         self.registry.register(self)
@@ -249,6 +266,18 @@ class PrometheusWorkerMetrics(WorkerMetrics):
     def loop_blocked(self, type: str, seconds: float) -> None:
         n, total = self.loop_blocks.get(type, (0, 0.0))
         self.loop_blocks[type] = (n + 1, total + seconds)
+
+    def child_started(self) -> None:
+        self.children["started"] += 1
+
+    def child_died(self) -> None:
+        self.children["died"] += 1
+
+    def child_recycled(self, reason: str) -> None:
+        self.children_recycled[reason] = self.children_recycled.get(reason, 0) + 1
+
+    def child_killed(self, reason: str) -> None:
+        self.children_killed[reason] = self.children_killed.get(reason, 0) + 1
 
     # --- the exposition --------------------------------------------------------------------
 
@@ -326,6 +355,33 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             blocked_seconds.add_metric([type_], seconds)
         yield blocked
         yield blocked_seconds
+        yield CounterMetricFamily(
+            "pgqueue_worker_children_started",
+            "Child processes of the process executor started (the first ones and replacements)",
+            value=self.children["started"],
+        )
+        yield CounterMetricFamily(
+            "pgqueue_worker_children_died",
+            "Child processes that died by themselves (a crash, os._exit, the OOM killer)",
+            value=self.children["died"],
+        )
+        for name, help, counts in (
+            (
+                "pgqueue_worker_children_recycled",
+                "Child processes replaced between tasks (reason: max_tasks_per_child, "
+                "max_memory_per_child)",
+                self.children_recycled,
+            ),
+            (
+                "pgqueue_worker_children_killed",
+                "Child processes the worker killed (reason: time, memory, cancel, lease, shutdown)",
+                self.children_killed,
+            ),
+        ):
+            family = CounterMetricFamily(name, help, labels=["reason"])
+            for reason, n in sorted(counts.copy().items()):
+                family.add_metric([reason], n)
+            yield family
         yield from self.depth.collect()
 
     # --- the server ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pgqueue.executor import (
     Cancelled,
     Completed,
     DaemonThreadPool,
+    ElsewhereRunner,
     Executor,
     Failed,
     Lost,
@@ -64,6 +65,7 @@ class Runner:
         max_result_bytes: int | None = None,
         overruns: Overruns | None = None,
         stalled: Callable[[], float] | None = None,
+        processes: ElsewhereRunner | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
         self._config = config
@@ -77,6 +79,7 @@ class Runner:
         self._max_result_bytes = max_result_bytes
         self._overruns = overruns
         self._stalled = stalled
+        self._processes = processes
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
         self._max_snoozes = max_snoozes()  # PGQUEUE_MAX_SNOOZES, checked at start
@@ -88,6 +91,7 @@ class Runner:
             max_result_bytes=self._max_result_bytes,
             on_overrun=self._overrun,
             stalled=self._stalled,
+            elsewhere=self._processes,
         )
 
     def close(self) -> None:

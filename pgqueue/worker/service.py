@@ -35,6 +35,7 @@ from pgqueue.worker.listener import Listener
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.metrics import create as create_metrics
 from pgqueue.worker.overruns import Overruns
+from pgqueue.worker.processes import ProcessPool, needed
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
 from pgqueue.worker.state import Running, Slots, StopRequest
@@ -77,6 +78,19 @@ class Worker:
         cfg, slots, url = self.config, self._slots, self.database_url
         self._db = Database(url, cfg, self._stop)
         self._pools = HandlerPools(url, cfg)
+        # The process executor's children, when a handler runs in one (processes.py).
+        self._processes = (
+            ProcessPool(
+                cfg,
+                registry,
+                url,
+                metrics=self.metrics,
+                stop=self._stop,
+                max_result_bytes=self._max_result_bytes,
+            )
+            if needed(registry, cfg)
+            else None
+        )
         self._completer = Completer(self._db, self.metrics, slots)
         self._overruns = Overruns(cfg.max_overrunning, metrics=self.metrics, recycle=self.recycle)
         self._watchdog = LoopWatchdog(cfg.loop_block_threshold, slots=slots, metrics=self.metrics)
@@ -91,6 +105,7 @@ class Worker:
             max_result_bytes=self._max_result_bytes,
             overruns=self._overruns,
             stalled=self._watchdog.stalled,
+            processes=self._processes,
         )
         self._claimer = Claimer(
             cfg,
@@ -122,6 +137,10 @@ class Worker:
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (graceful; a second signal stops at once)."""
+        if self._processes is not None:
+            # Now, before the event loop, a connection or a thread exists: the fork server
+            # can be forked from this process (run_async alone has to spawn it).
+            self._processes.prepare()
         asyncio.run(self.run_async(install_signal_handlers=True))
 
     def request_stop(self, *, force: bool = False) -> None:
@@ -172,10 +191,17 @@ class Worker:
         self.request_stop()
 
     async def run_async(self, *, install_signal_handlers: bool = False) -> None:
+        processes = self._processes
+        if processes is not None:
+            processes.prepare()  # before the metrics thread (spawned if the loop's socket is there)
         self.metrics.start()  # /metrics and /healthz, with a metrics port only
         try:
+            if processes is not None:
+                await processes.open()
             await self._run(install_signal_handlers)
         finally:
+            if processes is not None:
+                await processes.close()
             self.metrics.stop()
 
     async def _run(self, install_signal_handlers: bool) -> None:
@@ -352,6 +378,8 @@ class Worker:
             r.ctx.stop()
         overrunning = [r for r in leftovers if r.ctx.overrunning_since is not None]
         held = [r for r in leftovers if r.ctx.overrunning_since is None]
+        if self._processes is not None:  # their children dead first: none may run on
+            await self._processes.terminate({r.task.id for r in leftovers})
         leases = [r.task.lease for r in held]
         released: set[Any] = set()
         if leases:
@@ -375,7 +403,9 @@ class Worker:
 
     def _runs_in_a_thread(self, running: Running) -> bool:
         handler = self.registry.get(running.task.type)
-        return handler is not None and not handler.is_async
+        if handler is None or handler.is_async:
+            return False
+        return self._processes is None or not self._processes.takes(handler)
 
 
 def _abandoned(running: Running) -> None:

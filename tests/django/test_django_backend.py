@@ -35,13 +35,15 @@ pytest.importorskip(
 class DjangoWorker:
     """A worker process in the project's directory, its log in a file."""
 
-    def __init__(self, argv: list[str], url: str, log: Path) -> None:
+    def __init__(self, argv: list[str], url: str, log: Path, **env: str) -> None:
         self.log = log
         with log.open("wb") as err:
             self.proc = subprocess.Popen(
                 argv,
                 cwd=PROJECT,
-                env=clean_env(DJANGO_DATABASE_URL=url, DJANGO_SETTINGS_MODULE="mysite.settings"),
+                env=clean_env(
+                    DJANGO_DATABASE_URL=url, DJANGO_SETTINGS_MODULE="mysite.settings", **env
+                ),
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
@@ -334,3 +336,35 @@ def test_pgqueue_worker_django_processes_runs_tasks_with_the_orm_in_forked_child
     assert [e["start"] for e in started] == [expected, expected], fleet.text()
     assert not [e for e in events if e["event"] == "worker.fork_unsafe"], fleet.text()
     assert Order.objects.filter(id__in=[o.id for o in orders], processed=True).count() == 6
+
+
+@pytest.mark.parametrize("fork_server", ["fork", "spawn"])
+def test_django_tasks_run_with_the_orm_in_the_process_executor_s_children(
+    django_database_url: str, tmp_path: Path, fork_server: str
+) -> None:
+    """``--executor process``: each task runs in a child process, through the ORM on the
+    child's own connection; Django is set up there by inheritance (a fork server forked from
+    the worker) or by the child's fork server itself (spawned: process_registry)."""
+    import json
+
+    from shop.models import Order
+    from shop.tasks import process_order
+
+    orders = [Order.objects.create() for _ in range(4)]
+    # On a queue the module's own worker (default) does not take.
+    ids = [process_order.using(queue_name="ordered").enqueue(o.id).id for o in orders]
+    argv = [sys.executable, "-m", "pgqueue", "worker", "--django", "--executor", "process"]
+    argv += ["--process-pool-size", "2", "--queue", "ordered"]
+    argv += ["--log-format", "json", "--poll-interval", "0.2"]
+    env = {"PGQUEUE_WORKER_START_METHOD": fork_server}
+    fleet = DjangoWorker(argv, django_database_url, tmp_path / "children.log", **env)
+    try:
+        results = [finished(process_order, task_id) for task_id in ids]
+    finally:
+        fleet.stop()
+    assert all(r.status == "SUCCESSFUL" for r in results), fleet.text()
+    assert fleet.proc.returncode == 0, fleet.text()
+    events = [json.loads(line) for line in fleet.text().splitlines() if line.startswith("{")]
+    [pool] = [e for e in events if e["event"] == "worker.process_pool_started"]
+    assert pool["fork_server"] == fork_server, fleet.text()
+    assert Order.objects.filter(id__in=[o.id for o in orders], processed=True).count() == 4

@@ -4,8 +4,12 @@ module of the integration that may be imported before Django's settings are know
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from pgqueue.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pgqueue.registry import TaskRegistry
 
 
 def setup_django() -> None:
@@ -24,3 +28,12 @@ def setup_django() -> None:
             "`python manage.py pgqueue_worker`"
         )
     django.setup()
+
+
+def process_registry() -> TaskRegistry:
+    """Django set up in this (new) process, and the project's tasks' registry: where a
+    spawned child of the process executor gets it (DjangoTaskRegistry.origin names this)."""
+    setup_django()
+    from pgqueue.contrib.django.worker import worker_registry
+
+    return worker_registry()

@@ -184,6 +184,8 @@ def worker_registry() -> DjangoTaskRegistry:
     """A registry of the project's Django tasks, the installed apps' ``tasks`` modules read."""
     registry = DjangoTaskRegistry()
     registry.discover()
+    # Where a spawned child of the process executor gets it from: Django is set up there too.
+    registry.origin = "pgqueue.contrib.django.setup:process_registry"
     return registry
 
 
