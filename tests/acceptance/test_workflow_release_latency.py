@@ -26,9 +26,12 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REGISTRY = "workflow_handlers:tasks"
 # Seconds between the worker's full walks of the claim index (and about how long an idle
 # claimer sleeps): the walk that takes the parent is a full one, so without the release's wake
-# the dependant waits at least POLL - NAP after its release.
+# the dependant waits for the next, POLL after the parent's claim: about POLL - NAP (56 s)
+# after its release.
 POLL = 60.0
-NAP = 2.5  # the parent's run: its dependant is then older than the walk's 1 s margin
+# The parent's run: its dependant is then older than the walk's 1 s margin, and the newer task
+# (newer_traffic) is claimed long before the run ends, on a busy machine too.
+NAP = 4.0
 # The claim that a release's NOTIFY wakes comes within this of the parent's commit, on a busy
 # machine too; far below POLL - NAP, so that it cannot be the next full walk's.
 PROMPT = 10.0
