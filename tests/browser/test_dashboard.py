@@ -354,7 +354,8 @@ def row(page: Any, container: str, task_id: uuid.UUID) -> Any:
 def test_the_running_list_marks_a_task_running_past_its_types_timeout(page, server, seeded, conn):
     """A running task older than its type's declared timeout (a sync handler's thread its
     worker waits for) is marked overrunning; the seeded one, with no timeout, is not."""
-    from pgqueue.queries import TypeDeclaration, run, task_types_declare
+    from pgqueue.queries.driver import run
+    from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 
     run(conn, task_types_declare(WORKER, [TypeDeclaration("video.thumbnail", timeout=30)]))
     two_minutes_ago = datetime.now(UTC) - timedelta(minutes=2)

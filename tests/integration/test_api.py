@@ -1559,7 +1559,8 @@ def test_the_api_works_mounted_inside_another_asgi_app(database_url):
 def test_a_running_task_carries_its_types_declared_timeout_to_show_an_overrun(client, conn):
     """The dashboard marks a task running longer than its type's timeout (its worker holds it
     while the handler's thread runs on): list and get give the timeout while it runs."""
-    from pgqueue.queries import TypeDeclaration, run, task_types_declare
+    from pgqueue.queries.driver import run
+    from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 
     run(conn, task_types_declare("w", [TypeDeclaration("timed", timeout=2.5)]))
     timed = pgqueue.enqueue(conn, "timed", {}, queue="overrun").id
