@@ -219,6 +219,13 @@ class ForkServer:
         else:
             hazard = fork_hazard(allowed={self._control.fileno()})
         self._spawn_children = hazard is not None
+        if hazard is not None and settings.registry is None:
+            message = (
+                f"the process executor's children must be spawned ({hazard}), and this "
+                "registry has no module:attribute a new process could import it by"
+            )
+            self._send({"op": "error", "message": message})
+            return 1
         self._send({"op": "ready", "children": "spawn" if hazard else "fork", "reason": hazard})
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
