@@ -2,10 +2,11 @@
 brings are injected on a seeded schedule, and then every task is accounted for.
 
     python -m bench.chaos                      # the full run: 20,000 tasks, every scenario
-    python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, ~1 min
+    python -m bench.chaos --smoke              # CI: 300 tasks, one of each fault, 1-1.5 min
     python -m bench.chaos --scenarios pinned_xid,pinned_readers --tasks 3000
     python -m bench.chaos --seed 7 --scenarios kill9,sigstop --tasks 5000
     python -m bench.chaos --scenarios workflow --tasks 3000 --seed 1
+    python -m bench.chaos --scenarios executor --tasks 600 --seed 1
 
 It starts a private PostgreSQL server of its own (never the machine's shared one: it restarts
 and kills it), migrates it, and starts ``--workers`` real ``pgqueue worker`` processes, which
@@ -35,7 +36,33 @@ while the scenario's faults are injected:
 ``workflow``              issue 16: the tasks are workflows (below); SIGKILLs of workers and
                           ``pg_terminate_backend`` of their connections, ``--repeats`` of
                           each, and one restart ``-m immediate``, in a seeded order
+``executor``              the workers run every handler in the process executor's children
+                          (``--executor process --process-pool-size 4 --memory-limit
+                          200``); handlers that segfault, ``os._exit(3)``, hang in C past
+                          the hard limit, pass the memory limit or loop past their soft
+                          limit, ``--repeats`` of each on their first attempt only and one
+                          of each on every attempt (poison), among innocent tasks; and
+                          ``--repeats`` SIGKILLs of workers
 ========================  =================================================================
+
+The executor scenario restarts the workers (SIGTERM, then the same command with the process
+executor's options; not counted as deaths) before it, and again after it if another scenario
+follows. Its producer spreads its tasks over at least 8 s, so that the kills fall among the
+faults. Every execution there records its end too (``chaos.executions.ended_at``; a child
+that dies records none) and, at its start, the other executions of the task without an end
+whose process (pid and start time, from /proc) still runs. Checked at its end, besides the
+rest: two executions of one task at once (the second started before the first's recorded
+end, or found the first's process still running), unless the first ran for a worker the run
+SIGKILLed before the second started (its lease had to expire first); an extra attempt of an
+innocent task (``chaos.work``, ``chaos.proc_work``, in children too) unless it was not failed
+(no ``task.retried``: a crashing neighbour must not cost it an attempt), the sweep requeued
+it within a lease + 3 s of a SIGKILL, and any execution it had ran for a killed worker; a
+poison one dead-lettered without its fault's text in ``last_error`` ("worker child died:
+SIGSEGV", "worker child exited with code 3", "timed out after 1" and "killed after the hard
+limit", "memory limit exceeded", "timed out after 1"; a last attempt lost to a kill is
+counted apart), or a first-attempt fault whose ``task.retried`` error lacks it; and a worker
+that died though the run did not kill it. Reported: ``task.lease_lost`` logged for the very
+attempt that completed (by mode).
 
 The workflow scenario's producer submits, through the public API, chains of 3-4 function
 tasks (each receiving the previous one's result), groups of 3-6, chords of 20-50 members and
@@ -119,7 +146,7 @@ from typing import Any
 import psycopg
 
 import pgqueue
-from bench.chaos_handlers import POISON, SURVIVE, link
+from bench.chaos_handlers import POISON, PROCESS_FAULTS, SURVIVE, link
 from bench.private_postgres import PrivateServer, private_server
 from pgqueue import migrate
 
@@ -136,14 +163,22 @@ SCENARIOS = (
     "pinned_xid",
     "pinned_readers",
     "workflow",
+    "executor",
 )
 PINNED = frozenset({"pinned_xid", "pinned_readers"})
 PINNED_READERS = 2  # REPEATABLE READ sessions of pinned_readers
 READER_PAUSE = 0.5  # seconds between one reader's counts
 PINNED_MIN_WINDOW = 6.0  # seconds: a pinned scenario's producer runs at least this long
-POISON_TYPES = frozenset({"chaos.poison", "chaos.suicide_always"})
+PROCESS_POISON = {f"chaos.proc_{kind}_always": kind for kind in PROCESS_FAULTS}
+PROCESS_FLAKY = {f"chaos.proc_{kind}": kind for kind in PROCESS_FAULTS}
+POISON_TYPES = frozenset({"chaos.poison", "chaos.suicide_always", *PROCESS_POISON})
 # The tasks that must simply complete: recovery is measured on them.
-NORMAL_TYPES = frozenset({"chaos.work", "chaos.step", "chaos.link"})
+NORMAL_TYPES = frozenset({"chaos.work", "chaos.step", "chaos.link", "chaos.proc_work"})
+# The executor scenario: its workers' options (every handler in a child), the least time its
+# producer spreads its tasks over, and its innocent tasks (in children too).
+EXECUTOR_ARGS = (*("--executor", "process", "--process-pool-size", "4", "--memory-limit", "200"),)
+EXECUTOR_MIN_WINDOW = 8.0
+INNOCENT_TYPES = frozenset({"chaos.work", "chaos.proc_work"})
 # Workflow steps that record what their parents gave them (chaos.executions.received).
 RECEIVING_TYPES = frozenset({"chaos.step", "chaos.link"})
 FINAL = frozenset({"completed", "failed", "cancelled"})
@@ -159,9 +194,14 @@ CREATE TABLE chaos.executions (
     task_id     uuid        NOT NULL,
     lease_token uuid        NOT NULL,
     attempt     integer     NOT NULL,
-    pid         integer     NOT NULL,
+    pid         integer     NOT NULL,  -- the process that ran the handler (a child, or the worker)
     started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-    received    jsonb       -- a workflow step's parents' results as it got them (else NULL)
+    received    jsonb,      -- a workflow step's parents' results as it got them (else NULL)
+    worker_pid  integer,    -- the worker whose child (or thread, or loop) ran it
+    proc_start  bigint,     -- pid's start time (/proc/PID/stat): a reused pid is not it
+    ended_at    timestamptz,  -- the executor scenario: the handler's end (NULL: it died)
+    live_others text[]      -- the executor scenario: other executions of the task still
+                            -- running when this one started ("attempt N pid P")
 );
 CREATE INDEX ON chaos.executions (task_id);
 -- One row per effect written in the completion's own transaction (no unique key on purpose:
@@ -217,6 +257,8 @@ class Fleet:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stopped: set[int] = set()  # pids under SIGSTOP
         self.deaths: list[tuple[float, int, int]] = []  # (when, pid, exit code)
+        self.killed: dict[int, float] = {}  # pid -> when the run sent it SIGKILL
+        self.extra: tuple[str, ...] = ()  # options of the current scenario (the executor's)
         self.lock = threading.RLock()
         self._closing = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
@@ -229,6 +271,7 @@ class Fleet:
             *("--concurrency", str(s.concurrency), "--lease-seconds", str(s.lease)),
             *("--sweep-interval", "0.5", "--poll-interval", "0.5", "--grace-period", "5"),
             *("--log-format", "json", "--log-level", "WARNING"),
+            *self.extra,
         ]
 
     def _spawn(self, slot: int) -> None:
@@ -271,6 +314,25 @@ class Fleet:
                     raise SystemExit(f"workers not ready after {timeout} s: see their logs")
                 time.sleep(0.1)
 
+    def reconfigure(self, extra: tuple[str, ...]) -> None:
+        """Restart every worker with these options (gracefully: SIGTERM, then wait), unless
+        they already run with them. Not a fault: these exits are not deaths."""
+        if extra == self.extra:
+            return
+        with self.lock:  # the reaper waits: it must not restart the old command meanwhile
+            self.extra = extra
+            for proc in self.procs.values():
+                proc.send_signal(signal.SIGTERM)
+            for slot, proc in list(self.procs.items()):
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+                self._spawn(slot)
+        self.wait_ready()
+
     def alive(self) -> list[int]:
         with self.lock:
             return [
@@ -282,6 +344,8 @@ class Fleet:
         if not pids:
             return None
         pid = rng.choice(pids)
+        if sig == signal.SIGKILL:
+            self.killed[pid] = time.time()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
         return pid
@@ -610,17 +674,28 @@ def plan(scenario: str, n: int, settings: Settings, rng: random.Random) -> list[
     """The scenario's tasks in submission order: normal work, ~1 % poison, and the scenario's
     fault tasks placed in the middle third of the stream."""
     hang_s = round(settings.lease * 2.5, 2)
+    executor = scenario == "executor"
+    # The executor scenario's tasks record their end too (``spans``); its innocent tasks are
+    # half chaos.work (async, in a child by the workers' --executor process) and half
+    # chaos.proc_work (a sync executor="process" type).
+    extra: dict[str, Any] = {"spans": True} if executor else {}
     out = [
         Planned(
-            "chaos.work",
-            {"ms": rng.randint(5, 40), "mode": "tx" if i % 2 else "sep", "scenario": scenario},
+            "chaos.proc_work" if executor and i % 4 >= 2 else "chaos.work",
+            {
+                "ms": rng.randint(5, 40),
+                "mode": "tx" if i % 2 else "sep",
+                "scenario": scenario,
+                **extra,
+            },
             "",
             SURVIVE,
         )
         for i in range(n)
     ]
     special: list[Planned] = [
-        Planned("chaos.poison", {"scenario": scenario}, "", POISON) for _ in range(max(1, n // 100))
+        Planned("chaos.poison", {"scenario": scenario, **extra}, "", POISON)
+        for _ in range(max(1, n // 100))
     ]
     if scenario == "hang":
         special += [
@@ -633,6 +708,13 @@ def plan(scenario: str, n: int, settings: Settings, rng: random.Random) -> list[
             for _ in range(settings.repeats)
         ]
         special.append(Planned("chaos.suicide_always", {"scenario": scenario}, "", POISON))
+    if executor:  # each fault: on the first attempt of `repeats` tasks, and one poison
+        for kind in PROCESS_FAULTS:
+            special += [
+                Planned(f"chaos.proc_{kind}", {"scenario": scenario}, "", SURVIVE)
+                for _ in range(settings.repeats)
+            ]
+            special.append(Planned(f"chaos.proc_{kind}_always", {"scenario": scenario}, "", POISON))
     for task in special:
         out.insert(rng.randint(len(out) // 3, max(len(out) // 3, 2 * len(out) // 3)), task)
     for i, task in enumerate(out):
@@ -904,7 +986,13 @@ def inject(
     resumes: list[threading.Timer] = []
     if scenario in ("hang", "suicide"):
         return faults
-    kinds = workflow_faults(settings) if scenario == "workflow" else [scenario] * settings.repeats
+    kinds = (
+        workflow_faults(settings)
+        if scenario == "workflow"
+        else ["kill9"] * settings.repeats
+        if scenario == "executor"
+        else [scenario] * settings.repeats
+    )
     t0 = time.monotonic()
     moments = sorted(rng.uniform(0.2, 0.8) * window for _ in kinds)
     if scenario == "workflow":
@@ -1075,6 +1163,163 @@ def check_dependants(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """One execution of a task, as its handler recorded it (the executor scenario's)."""
+
+    attempt: int
+    pid: int  # the process that ran the handler (a child)
+    worker_pid: int  # the worker it ran for
+    started: float  # epoch seconds, server clock
+    ended: float | None  # None: the process died in the handler (or the end was not written)
+    live_others: tuple[str, ...] = ()  # "attempt N pid P" still running when this started
+
+    def label(self) -> str:
+        return f"attempt {self.attempt} pid {self.pid}"
+
+
+def find_overlaps(
+    runs: Mapping[Any, Sequence[Execution]], killed: Mapping[int, float]
+) -> list[dict[str, Any]]:
+    """Every two executions of one task that ran at the same time. Ordered by start, the
+    second overlaps the first if it started before the first's recorded end, or if either
+    found the other's process still running, and the first's end unrecorded, when it started
+    (a process that died records no end: its start-time check, ``live_others``, is what
+    shows it was still running). Each pair is ``explained`` if the first ran for a worker
+    the run SIGKILLed before the second started: its children die with it, but its lease
+    is only swept once it expires, and the lost-lease accounting explains that re-run."""
+    out: list[dict[str, Any]] = []
+    for task_id, executions in runs.items():
+        ordered = sorted(executions, key=lambda x: x.started)
+        for j, second in enumerate(ordered):
+            for first in ordered[:j]:
+                by_interval = first.ended is not None and second.started < first.ended
+                alive = first.label() in second.live_others or second.label() in first.live_others
+                if not (by_interval or alive):
+                    continue
+                kill = killed.get(first.worker_pid)
+                out.append(
+                    {
+                        "task_id": str(task_id),
+                        "first": first.label(),
+                        "second": second.label(),
+                        "how": "interval" if by_interval else "alive",
+                        "explained": kill is not None and kill <= second.started,
+                    }
+                )
+    return out
+
+
+def innocent_reruns(
+    attempts: Mapping[str, int],
+    runs: Mapping[str, Sequence[Execution]],
+    retried: Mapping[tuple[str, int], str],
+    expired: Mapping[tuple[str, int], float],
+    killed: Mapping[int, float],
+    lease: float,
+) -> list[dict[str, Any]]:
+    """The attempts an innocent task spent beyond its first that a SIGKILL of its worker
+    does not explain. Attempt k of a task with more is explained only if it was not failed
+    (no ``task.retried``: a neighbour's crash must never cost an innocent an attempt), the
+    sweep requeued it (``task.lease_expired``) within ``lease`` + 3 s of one of the run's
+    SIGKILLs, and any execution it had ran for a worker the run killed (none: it was
+    claimed but not yet in a child)."""
+    out: list[dict[str, Any]] = []
+    for task_id, n in attempts.items():
+        for k in range(1, n):
+            why = None
+            ran_on = {x.worker_pid for x in runs.get(task_id, ()) if x.attempt == k}
+            at = expired.get((task_id, k))
+            if (task_id, k) in retried:
+                why = f"failed: {retried[(task_id, k)][:160]}"
+            elif at is None:
+                why = "no task.lease_expired for it"
+            elif not any(t <= at <= t + lease + 3.0 for t in killed.values()):
+                why = "its lease expired with no SIGKILL before it"
+            elif ran_on - set(killed):
+                why = f"ran for workers {sorted(ran_on - set(killed))}, not killed"
+            if why is not None:
+                out.append({"task_id": task_id, "attempt": k, "attempts": n, "why": why})
+    return out
+
+
+def wrong_causes(
+    poison: Sequence[tuple[str, str, str, float]],
+    flaky: Mapping[str, str],
+    retried: Mapping[tuple[str, int], str],
+    killed: Mapping[int, float],
+    lease: float,
+) -> tuple[list[dict[str, Any]], int]:
+    """Process faults recorded with the wrong cause: a dead-lettered poison task (id, fault,
+    last_error, finished_at) whose last_error lacks its fault's texts (PROCESS_FAULTS), and
+    a first-attempt fault whose ``task.retried`` error does. A poison task whose last attempt
+    was lost to a SIGKILL ("lease expired on the last attempt", within ``lease`` + 3 s of
+    one) is not wrong but counted apart (second value)."""
+    out: list[dict[str, Any]] = []
+    lost_to_kill = 0
+    for task_id, kind, error, finished in poison:
+        if all(text in error for text in PROCESS_FAULTS[kind][3]):
+            continue
+        if "lease expired" in error and any(
+            t <= finished <= t + lease + 3.0 for t in killed.values()
+        ):
+            lost_to_kill += 1
+            continue
+        out.append({"task_id": task_id, "fault": kind, "error": error[:200]})
+    for task_id, kind in flaky.items():
+        first = retried.get((task_id, 1))
+        if first is not None and not all(text in first for text in PROCESS_FAULTS[kind][3]):
+            out.append({"task_id": task_id, "fault": kind, "attempt": 1, "error": first[:200]})
+    return out, lost_to_kill
+
+
+def check_executor(
+    row: dict[str, Any],
+    events: list[dict[str, Any]],
+    killed: Mapping[int, float],
+    own_deaths: int,
+    lease: float,
+) -> None:
+    """The executor scenario's checks, once the workers' logs are in (``row["_executor"]``
+    from verify): overlaps, innocent re-runs, causes, and workers that died unkilled."""
+    data = row.pop("_executor")
+    if not data:
+        return
+    retried: dict[tuple[str, int], str] = {}
+    expired: dict[tuple[str, int], float] = {}
+    for e in events:
+        key = (str(e.get("task_id")), int(e.get("attempt") or 0))
+        if e.get("event") == "task.retried":
+            retried[key] = str(e.get("error", ""))
+        elif e.get("event") == "task.lease_expired":
+            expired.setdefault(key, float(e["at"]))
+    runs = {str(k): v for k, v in data["runs"].items()}
+    overlaps = find_overlaps(runs, killed)
+    innocent = innocent_reruns(data["innocent"], runs, retried, expired, killed, lease)
+    wrong, lost = wrong_causes(data["poison"], data["flaky"], retried, killed, lease)
+    row["overlaps"] = [x for x in overlaps if not x["explained"]]
+    row["overlaps_explained"] = sum(1 for x in overlaps if x["explained"])
+    row["innocent_reruns"] = innocent
+    row["innocent_reruns_explained"] = sum(n - 1 for n in data["innocent"].values()) - len(innocent)
+    row["wrong_causes"] = wrong
+    row["poison_lost_to_kill"] = lost
+    row["executions_without_end"] = sum(1 for xs in runs.values() for x in xs if x.ended is None)
+    row["workers_died_unkilled"] = own_deaths
+    # Reported, not checked: "task.lease_lost" logged for the very attempt that completed (the
+    # heartbeat found the lease gone because the completion had just been committed), by mode.
+    completed = data["completed"]
+    false_lost: dict[str, int] = {}
+    for task_id, attempt in {
+        (str(e.get("task_id")), int(e.get("attempt") or 0))
+        for e in events
+        if e.get("event") == "task.lease_lost"
+    }:
+        if task_id in completed and completed[task_id][0] == attempt:
+            mode = completed[task_id][1] or "?"
+            false_lost[mode] = false_lost.get(mode, 0) + 1
+    row["lease_lost_logged_for_completed_attempt"] = false_lost
+
+
 def verify(
     url: str,
     scenario: str,
@@ -1099,8 +1344,11 @@ def verify(
             (ids,),
         ).fetchall()
         runs = conn.execute(
-            "SELECT task_id, lease_token, attempt, extract(epoch FROM started_at), pid,"
-            " received"
+            # The worker's pid (a child's worker, for the process executor): what a SIGKILL
+            # of a worker explains.
+            "SELECT task_id, lease_token, attempt, extract(epoch FROM started_at),"
+            " coalesce(worker_pid, pid), received, pid, extract(epoch FROM ended_at),"
+            " live_others"
             # By attempt: a worker stopped between its claim and its handler's first write
             # records attempt 1 after another worker recorded attempt 2.
             " FROM chaos.executions WHERE task_id = ANY(%s) ORDER BY attempt, started_at",
@@ -1208,8 +1456,38 @@ def verify(
             }
         else:
             recovered_s = 0.0
+    executor: dict[str, Any] = {}
+    if scenario == "executor":
+        executor = {
+            "runs": {
+                tid: [
+                    Execution(
+                        attempt=x[2],
+                        pid=x[6],
+                        worker_pid=x[4],
+                        started=float(x[3]),
+                        ended=None if x[7] is None else float(x[7]),
+                        live_others=tuple(x[8] or ()),
+                    )
+                    for x in rs
+                ]
+                for tid, rs in runs_of.items()
+            },
+            "innocent": {
+                str(r[0]): r[3] for r in tasks if r[1] in INNOCENT_TYPES and r[2] == "completed"
+            },
+            "poison": [
+                (str(r[0]), PROCESS_POISON[r[1]], r[9] or "", float(r[7] or 0))
+                for r in tasks
+                if r[1] in PROCESS_POISON and r[2] == "failed"
+            ],
+            "flaky": {str(r[0]): PROCESS_FLAKY[r[1]] for r in tasks if r[1] in PROCESS_FLAKY},
+            # Completed tasks: attempts and mode ("tx": the child committed the completion).
+            "completed": {str(r[0]): (r[3], r[4]) for r in tasks if r[2] == "completed"},
+        }
     return {
         "scenario": scenario,
+        "_executor": executor,
         "faults": [dataclasses.asdict(f) for f in all_faults],
         "fault_count": len(all_faults),
         "accepted": len(ids),
@@ -1321,6 +1599,13 @@ def failures(row: dict[str, Any]) -> list[str]:
         " not completed)": row["dep_cancel_rule"],
         "dependants that did not receive their parents' results in order": row["dep_results_wrong"],
         "snapshot pressure not held as planned": len(row.get("pressure", {}).get("errors", [])),
+        "two executions of one task at once, not explained by a SIGKILL of the first's worker": len(
+            row.get("overlaps", [])
+        ),
+        "attempts spent by innocent process tasks that a SIGKILL of their worker does not"
+        " explain": len(row.get("innocent_reruns", [])),
+        "process faults recorded with the wrong cause": len(row.get("wrong_causes", [])),
+        "workers that died though the run did not kill them": row.get("workers_died_unkilled", 0),
     }
     return [f"{name}: {count}" for name, count in checks.items() if count]
 
@@ -1419,9 +1704,12 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                     planned = len(tasks)
                     if scenario in PINNED:  # tasks must keep arriving for the whole pressure
                         rate = min(rate, planned / PINNED_MIN_WINDOW)
+                    if scenario == "executor":  # the kills must fall among the faults
+                        rate = min(rate, planned / EXECUTOR_MIN_WINDOW)
                     producer = Producer(url, tasks, rate)
                     what = f"{planned} tasks"
                 window = planned / rate
+                fleet.reconfigure(EXECUTOR_ARGS if scenario == "executor" else ())
                 log(f"{scenario}: {what} over {window:.1f} s")
                 began = time.time()
                 producer.start()
@@ -1440,6 +1728,7 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                     kinds = [kind for kind, _, _ in producer.accepted.values()]
                     row["workflows"] = {k: kinds.count(k) for k in sorted(set(kinds))}
                 row["finished_in_time"] = done
+                row["_window"] = (began, ended)
                 row["seconds"] = round(time.time() - began, 1)
                 row["rate"] = round(rate, 1)
                 row.update(sampler.during(began, ended))
@@ -1463,6 +1752,7 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
             fleet.stop()
         events = log_events(log_dir)
         deaths = list(fleet.deaths)
+        killed = dict(fleet.killed)
     pickups = [x for row in rows for x in row.pop("_pickups")]
     releases = [x for row in rows for x in row.pop("_releases")]
     for row in rows:
@@ -1477,6 +1767,9 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
             }
         )
         explain(row, events, {pid for _, pid, _ in deaths})
+        lo, hi = row.pop("_window")
+        own_deaths = sum(1 for at, pid, _ in deaths if lo <= at <= hi and pid not in killed)
+        check_executor(row, events, killed, own_deaths, settings.lease)
         row["violations"] = failures(row)
     counts: dict[str, int] = {}
     for e in events:
@@ -1523,6 +1816,7 @@ TABLE_HEADERS = (
     "pickup p99 (s)",
     "dependants: started early / stalled / cancel rule / results",
     "release p50 / p99 / max (s)",
+    "process: overlaps / innocent re-runs / wrong cause",
 )
 SUMMED = (
     "fault_count",
@@ -1583,6 +1877,11 @@ def _cells(row: dict[str, Any]) -> list[Any]:
             if row.get("release_p50_s") is not None
             else ""
         ),
+        (
+            f"{len(row['overlaps'])} / {len(row['innocent_reruns'])} / {len(row['wrong_causes'])}"
+            if "overlaps" in row
+            else ""
+        ),
     ]
 
 
@@ -1598,6 +1897,9 @@ def table(result: dict[str, Any]) -> str:
     total["pickup_p99_s"] = result.get("pickup_p99_s")
     for key in ("release_p50_s", "release_p99_s", "release_max_s"):
         total[key] = result.get(key)
+    if any("overlaps" in row for row in rows):
+        for key in ("overlaps", "innocent_reruns", "wrong_causes"):
+            total[key] = [x for row in rows for x in row.get(key, [])]
     lines.append("| **all** | " + " | ".join(str(c) for c in _cells(total)) + " |")
     return "\n".join(lines)
 

@@ -14,6 +14,21 @@ execution, so the run can count what was lost, what ran twice and why.
   records their completion. For those, "exactly once" is checkable: one effect row per
   completed task, and none from an attempt whose lease was lost (its late completion is
   fenced and rolled back together with the effect).
+* The executor scenario's handlers run in the process executor's children (the workers run
+  with ``--executor process``) and record each execution's end too (``ended_at``, in a
+  ``finally``: a child that dies records none) and, at its start, every other execution of the
+  same task that has no end and whose process is still running (``live_others``: two
+  executions of one task at once). A row's ``pid`` is the process that ran the handler (a
+  child), ``worker_pid`` the worker that imported this module (a child's worker: it is forked
+  from it), ``proc_start`` that process's start time (``/proc/PID/stat``), so a reused pid is
+  not taken for it. ``chaos.proc_work`` is the innocent process task (a sync handler; half
+  write their effect through ``ctx.connection``, committed by the child with the completion);
+  ``chaos.proc_<fault>`` misbehave on their first attempt and must then complete,
+  ``chaos.proc_<fault>_always`` on every attempt (poison: dead-lettered, the cause in
+  ``last_error``): ``segv`` (``ctypes.string_at(0)``), ``exit3`` (``os._exit(3)``), ``hang``
+  (SIGALRM blocked, then a libc ``sleep`` past the hard limit), ``memory`` (300 MB touched,
+  held until the worker's ``--memory-limit`` kills the child) and ``busy`` (a Python loop past
+  the soft limit).
 * The fault types do what production does to a queue: ``chaos.hang`` blocks its worker's event
   loop past the lease on its first attempt (a blocking call in an async handler: the heartbeat
   stops too), ``chaos.suicide`` kills its own process on its first attempt, and the poison
@@ -28,10 +43,14 @@ checks connections before lending them: the run terminates backends and restarts
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -46,6 +65,60 @@ SURVIVE = pgqueue.RetryPolicy(max_attempts=25, base=0.2, factor=2.0, cap=2.0)
 POISON = pgqueue.RetryPolicy(max_attempts=3, base=0.1, factor=2.0, cap=0.5)
 
 _pool: AsyncConnectionPool | None = None
+_conn: psycopg.Connection[Any] | None = None  # a process task's side connection (sync)
+_conn_pid = 0
+# The worker's pid: this module is imported by the worker, and its process executor's children
+# are forked (through its fork server) from it, so they inherit the worker's value.
+WORKER_PID = os.getpid()
+MB = 1024 * 1024
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and start time (clock ticks since boot) from /proc, or None
+    when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def still_running(pid: int, started: int | None) -> bool:
+    """Whether the process that had this pid and start time still runs (a zombie or a dead
+    process does not; a reused pid has another start time)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[1] == started and stat[0] not in ("Z", "X")
+
+
+def _me() -> tuple[int, int | None]:
+    pid = os.getpid()
+    stat = proc_stat(pid)
+    return pid, None if stat is None else stat[1]
+
+
+INSERT_EXECUTION = (
+    "INSERT INTO chaos.executions"
+    " (task_id, lease_token, attempt, pid, worker_pid, proc_start, received)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+)
+# The other executions of the task that have not recorded their end (the run's own clock).
+OPEN_EXECUTIONS = (
+    "SELECT attempt, pid, proc_start FROM chaos.executions WHERE task_id = %s"
+    " AND ended_at IS NULL AND NOT (pid = %s AND lease_token = %s)"
+)
+LIVE_OTHERS = (
+    "UPDATE chaos.executions SET live_others = %s"
+    " WHERE task_id = %s AND lease_token = %s AND pid = %s"
+)
+ENDED = (
+    "UPDATE chaos.executions SET ended_at = clock_timestamp()"
+    " WHERE task_id = %s AND lease_token = %s AND pid = %s"
+)
+
+
+def _live(rows: list[tuple[int, int, int | None]]) -> list[str]:
+    return [f"attempt {a} pid {p}" for a, p, started in rows if still_running(p, started)]
 
 
 async def _side_pool() -> AsyncConnectionPool:
@@ -64,21 +137,70 @@ async def _side_pool() -> AsyncConnectionPool:
     return _pool
 
 
-async def _record_start(ctx: pgqueue.TaskContext, received: list[Any] | None = None) -> None:
-    """The execution's row; ``received``: what a step got from its parents (None: no parents)."""
+async def _record_start(
+    ctx: pgqueue.TaskContext, received: list[Any] | None = None, spans: bool = False
+) -> None:
+    """The execution's row; ``received``: what a step got from its parents (None: no parents);
+    ``spans``: also look for other executions of the task still running (the executor
+    scenario's; its end is then recorded by ``_record_end``)."""
+    pid, started = _me()
     pool = await _side_pool()
     async with pool.connection(timeout=10) as conn:
         await conn.execute(
-            "INSERT INTO chaos.executions (task_id, lease_token, attempt, pid, received)"
-            " VALUES (%s, %s, %s, %s, %s)",
+            INSERT_EXECUTION,
             (
                 ctx.task_id,
                 ctx.lease.token,
                 ctx.attempt,
-                os.getpid(),
+                pid,
+                WORKER_PID,
+                started,
                 None if received is None else Jsonb(received),
             ),
         )
+        if spans:
+            cur = await conn.execute(OPEN_EXECUTIONS, (ctx.task_id, pid, ctx.lease.token))
+            live = _live(await cur.fetchall())
+            if live:
+                await conn.execute(LIVE_OTHERS, (live, ctx.task_id, ctx.lease.token, pid))
+
+
+async def _record_end(ctx: pgqueue.TaskContext) -> None:
+    pool = await _side_pool()
+    async with pool.connection(timeout=10) as conn:
+        await conn.execute(ENDED, (ctx.task_id, ctx.lease.token, os.getpid()))
+
+
+def _side() -> psycopg.Connection[Any]:
+    """This process's own side connection (a process task's: sync), opened again after a
+    fork or a loss."""
+    global _conn, _conn_pid
+    if _conn is None or _conn.closed or _conn.broken or _conn_pid != os.getpid():
+        _conn = psycopg.connect(
+            os.environ["CHAOS_DATABASE_URL"],
+            autocommit=True,
+            connect_timeout=5,
+            application_name="chaos-handler",
+        )
+        _conn_pid = os.getpid()
+    return _conn
+
+
+def _sync_start(ctx: pgqueue.TaskContext) -> None:
+    """``_record_start(spans=True)`` for a sync handler in a child."""
+    pid, started = _me()
+    conn = _side()
+    conn.execute(
+        INSERT_EXECUTION,
+        (ctx.task_id, ctx.lease.token, ctx.attempt, pid, WORKER_PID, started, None),
+    )
+    live = _live(conn.execute(OPEN_EXECUTIONS, (ctx.task_id, pid, ctx.lease.token)).fetchall())
+    if live:
+        conn.execute(LIVE_OTHERS, (live, ctx.task_id, ctx.lease.token, pid))
+
+
+def _sync_end(ctx: pgqueue.TaskContext) -> None:
+    _side().execute(ENDED, (ctx.task_id, ctx.lease.token, os.getpid()))
 
 
 async def _step_work(ctx: pgqueue.TaskContext, ms: int, mode: str) -> None:
@@ -93,9 +215,15 @@ async def _step_work(ctx: pgqueue.TaskContext, ms: int, mode: str) -> None:
 
 @tasks.handler("chaos.work", retry=SURVIVE)
 async def work(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
-    """A few milliseconds of waiting, like a call to another service."""
-    await _record_start(ctx)
-    await _step_work(ctx, payload["ms"], payload["mode"])
+    """A few milliseconds of waiting, like a call to another service. In the executor
+    scenario (``spans``: in a child) its end is recorded too."""
+    spans = bool(payload.get("spans"))
+    await _record_start(ctx, spans=spans)
+    try:
+        await _step_work(ctx, payload["ms"], payload["mode"])
+    finally:
+        if spans:
+            await _record_end(ctx)
 
 
 @tasks.handler("chaos.step", retry=SURVIVE)
@@ -148,5 +276,99 @@ async def suicide_always(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> N
 @tasks.handler("chaos.poison", retry=POISON)
 async def poison(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
     """Always fails: must end dead-lettered after its attempts."""
-    await _record_start(ctx)
-    raise RuntimeError(f"poison task {ctx.task_id} fails on purpose (attempt {ctx.attempt})")
+    spans = bool(payload.get("spans"))
+    await _record_start(ctx, spans=spans)
+    try:
+        raise RuntimeError(f"poison task {ctx.task_id} fails on purpose (attempt {ctx.attempt})")
+    finally:
+        if spans:
+            await _record_end(ctx)
+
+
+# --- the executor scenario: handlers in the process executor's children ----------------------
+
+
+@tasks.handler("chaos.proc_work", retry=SURVIVE, executor="process", timeout=30)
+def proc_work(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
+    """The innocent process task: a few milliseconds of waiting; ``mode = "tx"`` writes its
+    effect through ``ctx.connection``, committed by the child with the completion."""
+    _sync_start(ctx)
+    try:
+        time.sleep(payload["ms"] / 1000)
+        if payload["mode"] == "tx":
+            ctx.connection.execute(
+                "INSERT INTO chaos.effects (task_id, lease_token) VALUES (%s, %s)",
+                (ctx.task_id, ctx.lease.token),
+            )
+    finally:
+        _sync_end(ctx)
+
+
+def _segv() -> None:
+    ctypes.string_at(0)
+
+
+def _exit3() -> None:
+    os._exit(3)
+
+
+def _hang() -> None:
+    """Stuck in C with the soft limit's SIGALRM blocked: only the hard limit's kill ends it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    ctypes.CDLL(None).sleep(30)
+    raise RuntimeError("a call stuck in C outlived the hard limit by 28 s")
+
+
+def _memory() -> None:
+    """300 MB touched (a repeated byte is written out), held until the memory limit kills."""
+    held = b"\x01" * (300 * MB)
+    time.sleep(5)
+    raise RuntimeError(f"{len(held) // MB} MB held for 5 s without being killed")
+
+
+def _busy() -> None:
+    """A Python loop past the soft limit (1 s): TimeLimitExceeded must interrupt it."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pass
+    raise RuntimeError("a busy loop ran 20 s past its soft limit")
+
+
+# kind -> (the fault, timeout, hard_timeout, the text its dead-lettered task's last_error must
+# contain). A type's own limits, so the process scenario needs no worker --hard-timeout.
+PROCESS_FAULTS: dict[str, tuple[Callable[[], None], float, float, tuple[str, ...]]] = {
+    "segv": (_segv, 30, 2, ("worker child died: SIGSEGV",)),
+    "exit3": (_exit3, 30, 2, ("worker child exited with code 3",)),
+    "hang": (_hang, 1, 1, ("timed out after 1", "killed after the hard limit")),
+    "memory": (_memory, 30, 2, ("memory limit exceeded",)),
+    "busy": (_busy, 1, 5, ("timed out after 1",)),
+}
+
+
+def _process_fault(
+    kind: str, always: bool
+) -> Callable[[dict[str, Any], pgqueue.TaskContext], None]:
+    fault = PROCESS_FAULTS[kind][0]
+
+    def handler(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
+        _sync_start(ctx)
+        try:
+            if always or ctx.attempt == 1:
+                fault()
+            time.sleep(0.01)
+        finally:  # a child that dies records no end
+            _sync_end(ctx)
+
+    handler.__name__ = handler.__qualname__ = f"proc_{kind}" + ("_always" if always else "")
+    return handler
+
+
+for _kind, (_fault, _timeout, _hard, _texts) in PROCESS_FAULTS.items():
+    for _always in (False, True):
+        tasks.handler(
+            f"chaos.proc_{_kind}" + ("_always" if _always else ""),
+            retry=POISON if _always else SURVIVE,
+            executor="process",
+            timeout=_timeout,
+            hard_timeout=_hard,
+        )(_process_fault(_kind, _always))

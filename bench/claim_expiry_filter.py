@@ -24,7 +24,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 import pgqueue
-from pgqueue import migrate, queries
+from pgqueue import migrate
+from pgqueue.queries import claiming, driver
 
 FILTER = "AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)"
 
@@ -48,12 +49,12 @@ def main() -> None:
                 n = min(10_000, args.backlog - start)
                 pgqueue.enqueue_many(conn, [{"type": "t", "payload": {"i": i}} for i in range(n)])
             conn.execute("ANALYZE pgqueue.tasks")
-            op = queries.task_claim(
+            op = claiming.task_claim(
                 queues=["default"], limit=args.batch, owner="bench", lease_seconds=30
             )
             query = next(op)
-            assert isinstance(query, queries.Query)
-            with_filter = queries.statements()["task_claim"]
+            assert isinstance(query, driver.Query)
+            with_filter = driver.statements()["task_claim"]
             assert with_filter.count(FILTER) == 1, "the filter is not where this bench expects"
             variants = {"with the expiry filter": with_filter,
                         "without it (as before)": with_filter.replace(FILTER, "")}  # fmt: skip

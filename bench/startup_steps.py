@@ -56,7 +56,11 @@ import pgqueue.cli.workers
 mark("the worker command: psycopg, pgqueue's core")
 import pgqueue.worker.service
 mark("the worker's modules")
-from pgqueue import migrate, queries, registry
+from pgqueue import migrate, registry
+try:  # where the statements are executed: the driver's room, or (older trees) one module
+    from pgqueue.queries import driver as queries
+except ImportError:
+    from pgqueue import queries
 from pgqueue.worker.service import Worker
 
 def after(owner, name, step, asynchronous=False):
@@ -83,13 +87,14 @@ async def run_async(self, **kwargs):
     mark("worker: built, its loop running")
     return await original_run(self, **kwargs)
 Worker.run_async = run_async
-original_execute = queries._aexecute
-async def aexecute(raw, sql, query):
-    rows = await original_execute(raw, sql, query)
+execute_name = next(n for n in ("_astep", "_aexecute") if hasattr(queries, n))
+original_execute = getattr(queries, execute_name)
+async def aexecute(raw, sql, query, *rest):
+    rows = await original_execute(raw, sql, query, *rest)
     if getattr(query, "name", "") in ("task_claim", "claim_round"):
         mark("worker: first claim answered")
     return rows
-queries._aexecute = aexecute
+setattr(queries, execute_name, aexecute)
 try:
     from pgqueue import supervisor
     for name in ("fork",):

@@ -9,7 +9,7 @@ operation of the same name, bound from the one definition (validation, SQL and d
 from __future__ import annotations
 
 from pgqueue import operations as _ops
-from pgqueue.queries import arun as arun  # re-exported: drive your own ops
+from pgqueue.queries.driver import arun as arun  # re-exported: drive your own ops
 
 enqueue = _ops.enqueue.aio
 enqueue_many = _ops.enqueue_many.aio

@@ -28,6 +28,13 @@ MAX_NAME_LENGTH = 200
 # with it without importing the library (and psycopg) for `--help`.
 MAX_BATCH = 10_000
 
+# A worker that recycles itself (too many handler threads past their timeouts, see
+# WorkerConfig.max_overrunning) exits with this code so that its supervisor replaces it:
+# EX_TEMPFAIL, a failure that a restart cures (systemd's Restart=on-failure restarts it, and
+# ``--processes N`` restarts such a child at once, without the crash backoff). Here, not in
+# the worker, so that the CLI's help and the supervisor read it without importing the worker.
+EXIT_RECYCLE = 75
+
 _SCHEMES = ("postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg_async")
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from pgqueue import config, dependencies
 from pgqueue.errors import InvalidPayload, PayloadTooLarge, ValidationError
 from pgqueue.models import Priority, RetryPolicy
-from pgqueue.queries import DEFAULT_RETRY as DEFAULT_RETRY  # its home before task types
-from pgqueue.queries import TaskSpec
+from pgqueue.queries.specs import DEFAULT_RETRY as DEFAULT_RETRY
+from pgqueue.queries.specs import TaskSpec
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600

@@ -25,7 +25,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask, Parent
-from pgqueue.queries import arun, run, task_complete
+from pgqueue.queries.driver import arun, run
+from pgqueue.queries.leased import task_complete
 from pgqueue.registry import Cancel, Handler, Retry, Snooze
 from pgqueue.result_encoding import encode_result
 
@@ -42,6 +43,10 @@ class TaskContext:
     ``await aconnection()`` (async handlers) give a connection in a transaction that also
     records the task's completion: the handler's writes and the completion commit together
     or not at all.
+
+    A thread cannot be killed: a sync handler past its timeout (``timed_out``) runs on until
+    it returns, holding its task (slot, lease) meanwhile; whatever it returns then, the
+    attempt is recorded failed as timed out and its transaction rolled back.
     """
 
     @property
@@ -79,7 +84,10 @@ class TaskContext:
         self._conn: psycopg.Connection[Any] | None = None
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         self._conn_return: Callable[[], Any] | None = None
-        self.overrun: asyncio.Future[Any] | None = None
+        # Set (loop time) when the timeout passed while a sync handler's thread ran on: the
+        # worker records the timeout only once the thread returns, and keeps the task's slot
+        # and lease meanwhile (executor.Executor._run_sync_timed).
+        self.overrunning_since: float | None = None
 
     def should_stop(self) -> bool:
         return self._stopped
@@ -277,17 +285,26 @@ class Executor:
     """Calls handlers: async ones on the loop, sync ones on the daemon thread pool, and those
     ``elsewhere`` takes there. ``max_result_bytes`` bounds what a handler may return (None:
     read from the environment for each task; a worker passes the value it read once when it
-    was built)."""
+    was built).
+
+    ``on_overrun(ctx, timeout)`` is called on the loop when a sync handler's timeout passes
+    while its thread runs on; ``stalled()`` (the worker's watchdog) says how long the loop
+    callback running now has held the loop, to say how long an async handler that returned
+    past its deadline blocked it."""
 
     def __init__(
         self,
         threads: DaemonThreadPool,
         *,
         max_result_bytes: int | None = None,
+        on_overrun: Callable[[TaskContext, float], None] | None = None,
+        stalled: Callable[[], float] | None = None,
         elsewhere: ElsewhereRunner | None = None,
     ) -> None:
         self.threads = threads
         self.max_result_bytes = max_result_bytes
+        self.on_overrun = on_overrun
+        self.stalled = stalled
         self.elsewhere = elsewhere
 
     async def run(self, task: ClaimedTask, ctx: TaskContext, handler: Handler | None) -> Outcome:
@@ -318,15 +335,46 @@ class Executor:
                 ctx.stop()
                 await _rollback_async(ctx)
                 return Failed(f"timed out after {handler.timeout} s")
+            if scope is not None and (late := self._past_deadline(scope)) is not None:
+                return await self._blocked_past_deadline(ctx, handler, late)
             await _rollback_async(ctx)
             return _from_exception(exc)
+        if scope is not None and (late := self._past_deadline(scope)) is not None:
+            return await self._blocked_past_deadline(ctx, handler, late)
         outcome = _encode_result(value, task, self.max_result_bytes)
         if ctx._aconn is not None and isinstance(outcome, Completed):
             return await _commit_async(ctx, outcome)
         await _rollback_async(ctx)
         return outcome
 
+    def _past_deadline(self, scope: asyncio.Timeout) -> float | None:
+        """How long the loop has been blocked by a handler that ended (returned or raised)
+        after its deadline without the timeout firing, or None when it ended in time. The
+        timeout's timer runs on the loop: a handler that blocks the loop (a blocking call
+        in an ``async def``) cannot be interrupted, and is only caught here, when it ends."""
+        when = scope.when()
+        if when is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        if now < when:
+            return None
+        # Blocked at least since the deadline; the watchdog knows since when exactly.
+        return max(now - when, self.stalled() if self.stalled is not None else 0.0)
+
+    async def _blocked_past_deadline(
+        self, ctx: TaskContext, handler: Handler, blocked: float
+    ) -> Outcome:
+        ctx.timed_out = True
+        ctx.stop()
+        await _rollback_async(ctx)
+        return Failed(
+            f"timed out after {handler.timeout} s (blocked the event loop for {blocked:.1f} s)"
+        )
+
     async def _run_sync(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
+        if handler.timeout is not None:
+            return await self._run_sync_timed(task, ctx, handler, handler.timeout)
+
         def call() -> Outcome:
             try:
                 value = handler.fn(task.payload, ctx)
@@ -339,19 +387,61 @@ class Executor:
             _rollback_sync(ctx)
             return outcome
 
+        result: Outcome = await self.threads.submit(call)
+        return result
+
+    async def _run_sync_timed(
+        self, task: ClaimedTask, ctx: TaskContext, handler: Handler, timeout: float
+    ) -> Outcome:
+        """A sync handler with a timeout. A thread cannot be killed: past the timeout the
+        handler is told to stop (``ctx.should_stop()``, ``ctx.timed_out``) and the worker
+        waits for its thread to return before it records anything, so that the task cannot
+        run again (a retry) while this execution still runs. Whatever the handler returns
+        after its timeout, the outcome is the timeout's failure and its ``ctx.connection``
+        transaction is rolled back. Which of the two came first, the handler's return or
+        the timeout, is decided once, under a lock: a handler that returned in time commits
+        its own transaction even if the loop notices the timeout meanwhile."""
+        decided = threading.Lock()
+        returned = False
+
+        def call() -> Outcome | None:
+            nonlocal returned
+            error: Exception | None = None
+            try:
+                value = handler.fn(task.payload, ctx)
+            except Exception as exc:
+                value, error = None, exc
+            with decided:
+                returned = not ctx.timed_out
+            if not returned:
+                _rollback_sync(ctx)
+                return None  # too late: the worker records the timeout, whatever this was
+            if error is not None:
+                _rollback_sync(ctx)
+                return _from_exception(error)
+            outcome = _encode_result(value, task, self.max_result_bytes)
+            if ctx._conn is not None and isinstance(outcome, Completed):
+                return _commit_sync(ctx, outcome)
+            _rollback_sync(ctx)
+            return outcome
+
         future = self.threads.submit(call)
-        done, _ = await asyncio.wait({future}, timeout=handler.timeout)
-        if done:
-            result: Outcome = future.result()
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+        if not done:
+            with decided:
+                if not returned:
+                    ctx.timed_out = True
+        if not ctx.timed_out:  # in time (if only just: its outcome is on its way)
+            result: Outcome | None = await future
+            assert result is not None
             return result
-        # A thread cannot be killed: flag it, record the failure, and let the thread's own
-        # completion attempt be fenced off (its lease is gone once the failure is written).
-        # The worker keeps the slot until the thread returns (``overrun``), so a stuck
-        # handler never lets more threads run than the concurrency allows.
-        ctx.timed_out = True
         ctx.stop()
-        ctx.overrun = future
-        return Failed(f"timed out after {handler.timeout} s")
+        ctx.overrunning_since = asyncio.get_running_loop().time()
+        if self.on_overrun is not None:
+            self.on_overrun(ctx, timeout)
+        with contextlib.suppress(Exception):  # whatever it raised: it ran out of time
+            await future
+        return Failed(f"timed out after {timeout} s")
 
 
 def _commit_sync(ctx: TaskContext, outcome: Completed) -> Outcome:

@@ -29,7 +29,9 @@ from pgqueue.errors import InvalidArgument, ValidationError
 from pgqueue.handle import TaskHandle
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
-from pgqueue.queries import TaskSpec, TypeDeclaration, arun, run
+from pgqueue.queries.driver import arun, run
+from pgqueue.queries.specs import TaskSpec
+from pgqueue.queries.task_types import TypeDeclaration
 from pgqueue.workflows import MARKER_KEY, PARENT_RESULT, Step, is_marker
 
 P = ParamSpec("P")

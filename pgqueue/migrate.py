@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgqueue import db, queries
+from pgqueue import db
 from pgqueue.config import resolve_database_url
 from pgqueue.errors import SchemaNotReady
+from pgqueue.queries import driver, maintenance
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -119,9 +120,9 @@ def current(target: Connection | str | None = None) -> str | None:
     an application's SQLAlchemy connection (an alembic revision's ``op.get_bind()``), read in
     its transaction."""
     if target is not None and not isinstance(target, str):
-        return queries.run(target, queries.schema_revision())
+        return driver.run(target, maintenance.schema_revision())
     with db.connect(resolve_database_url(target), autocommit=True) as conn:
-        return queries.run(conn, queries.schema_revision())
+        return driver.run(conn, maintenance.schema_revision())
 
 
 @contextlib.contextmanager

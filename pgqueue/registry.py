@@ -35,7 +35,7 @@ from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
 from pgqueue.function_tasks import TaskFunction, declare
 from pgqueue.models import Priority, RetryPolicy
-from pgqueue.queries import TypeDeclaration
+from pgqueue.queries.task_types import TypeDeclaration
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")

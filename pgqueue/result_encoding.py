@@ -17,7 +17,7 @@ from typing import Any
 from pgqueue import config
 from pgqueue.enqueue import MAX_JSON_DEPTH, _has_nul, json_depth_exceeds
 from pgqueue.errors import InvalidResult, ResultTooLarge
-from pgqueue.queries import dumps
+from pgqueue.queries.driver import dumps
 
 
 def encode_result(

@@ -17,6 +17,14 @@ safe (macOS: its system libraries do not survive a fork of a process that used t
 has no fork), when that check finds a thread or a socket (the application's module opened
 one at import), or when ``PGQUEUE_WORKER_START_METHOD=spawn`` says so. Each child's
 ``worker.process_started`` event names the method.
+
+A child that dies (a signal, or an exit code other than 0) leaves tasks running under its
+lease owner, which nobody renews. The supervisor gave each child its worker id
+(``HOST:SUPERVISOR_PID:SLOT.GENERATION``: the owner of every lease it takes), so before the
+restart it fails them at once (``task_fail_owner``: each an attempt spent, retried or
+dead-lettered as any failure), on a connection opened for that write alone and closed before
+the next fork, within a couple of seconds; if the database does not answer in time, the
+leases expire as before and the lease sweep takes the tasks back.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,8 +44,9 @@ import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
+from pgqueue.config import EXIT_RECYCLE
 from pgqueue.errors import ConfigurationError
 from pgqueue.log import event
 
@@ -46,6 +56,10 @@ STABLE_AFTER = 30.0
 ENV_START_METHOD = "PGQUEUE_WORKER_START_METHOD"
 START_METHODS = ("fork", "spawn")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The most a dead child's take-back may hold up its restart: the connect (libpq's shortest
+# timeout is 2 s), then the statement in what is left, at least half a second.
+GIVE_BACK_SECONDS = 2.0
+TASK_IDS_LOGGED = 20  # of a dead child's tasks, in worker.process_exited
 
 
 class Child(Protocol):
@@ -97,6 +111,45 @@ def fork_hazard(allowed: Collection[int] = ()) -> str | None:
                 if os.readlink(fd).startswith("socket:"):
                     return f"file descriptor {fd.name} is an open socket"
     return None
+
+
+def death_cause(code: int) -> str | None:
+    """What a child's exit code says about its end: None for a clean exit (0), else why it
+    died, as its tasks' errors name it."""
+    if code == 0:
+        return None
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker process died: {name}"
+    return f"worker process exited with code {code}"
+
+
+def give_back(database_url: str, owner: str, cause: str, pid: int) -> list[dict[str, Any]]:
+    """Fail every task still running under ``owner``, a child that died (``task_fail_owner``);
+    the tasks failed. On a connection of its own, closed before this returns (the next fork
+    must find no socket open), within about GIVE_BACK_SECONDS."""
+    import psycopg
+
+    from pgqueue.queries import claiming
+    from pgqueue.queries.driver import run
+
+    started = time.monotonic()
+    conn = psycopg.connect(
+        database_url,
+        autocommit=True,
+        connect_timeout=int(GIVE_BACK_SECONDS),
+        application_name="pgqueue-supervisor",
+    )
+    try:
+        left = max(GIVE_BACK_SECONDS - (time.monotonic() - started), 0.5)
+        with conn.transaction():
+            conn.execute(f"SET LOCAL statement_timeout = {int(left * 1000)}")
+            return run(conn, claiming.task_fail_owner(owner, cause, pid=pid))
+    finally:
+        conn.close()
 
 
 class ForkedChild:
@@ -193,15 +246,19 @@ class Supervisor:
         processes: int,
         *,
         env: Mapping[str, str] | None = None,
-        slot_args: Callable[[int], Sequence[str]] | None = None,
-        run_forked: Callable[[int], int] | None = None,
+        slot_args: Callable[[int, str], Sequence[str]] | None = None,
+        run_forked: Callable[[int, str], int] | None = None,
         method: str = "spawn",
+        database_url: str | None = None,
     ) -> None:
-        """``command`` (with ``env``) starts a child by spawn; ``slot_args(slot)`` gives the
-        arguments added to the command of the child in that slot (and of its replacements),
-        such as a metrics port of its own. With ``method`` fork, a child runs
-        ``run_forked(slot)`` instead, in a fork of this process, and exits with its result
-        (spawn again while :func:`fork_hazard` finds a reason)."""
+        """``command`` (with ``env``) starts a child by spawn; ``slot_args(slot, worker_id)``
+        gives the arguments added to the command of the child in that slot (and of its
+        replacements), such as a metrics port of its own, and the worker id this supervisor
+        chose for it, which the child must take. With ``method`` fork, a child runs
+        ``run_forked(slot, worker_id)`` instead, in a fork of this process, and exits with
+        its result (spawn again while :func:`fork_hazard` finds a reason). With a
+        ``database_url``, the tasks a dead child still held are failed at once (see the
+        module's docstring)."""
         if method == "fork" and run_forked is None:
             raise ValueError("fork needs run_forked")
         self.command = list(command)
@@ -210,12 +267,16 @@ class Supervisor:
         self.run_forked = run_forked
         self.method = method
         self.processes = processes
+        self.database_url = database_url
         self.children: dict[int, Child] = {}
+        self.worker_ids: dict[int, str] = {}  # each slot's current child's
         self.started_at: dict[int, float] = {}
         self.backoff: dict[int, float] = {}
         self.restart_at: dict[int, float] = {}
         self.signals = 0
         self._hazard: str | None = None  # the last reason not to fork, logged once each
+        self._id_prefix = f"{socket.gethostname()}:{os.getpid()}"
+        self._generation = 0  # children started so far, in any slot
 
     def _method_now(self) -> str:
         if self.method != "fork":
@@ -228,17 +289,22 @@ class Supervisor:
 
     def _start(self, slot: int) -> None:
         method = self._method_now()
+        # Chosen here, so that this supervisor knows whose leases a dead child leaves: unique
+        # on this host while this supervisor runs, and never reused by a replacement.
+        self._generation += 1
+        worker_id = f"{self._id_prefix}:{slot}.{self._generation}"
         proc: Child
         if method == "fork":
             assert self.run_forked is not None
             run, at = self.run_forked, slot
-            proc = fork(lambda: run(at))
+            proc = fork(lambda: run(at, worker_id))
         else:
-            extra = list(self.slot_args(slot)) if self.slot_args else []
+            extra = list(self.slot_args(slot, worker_id)) if self.slot_args else []
             proc = subprocess.Popen([*self.command, *extra], env=self.env)
         self.children[slot] = proc
+        self.worker_ids[slot] = worker_id
         self.started_at[slot] = time.monotonic()
-        event("worker.process_started", slot=slot, pid=proc.pid, start=method)
+        event("worker.process_started", slot=slot, pid=proc.pid, worker=worker_id, start=method)
         if self.signals:
             # The handler ran after the caller's look at self.signals and before the child
             # was in self.children (so it was not told): tell it now.
@@ -250,6 +316,68 @@ class Supervisor:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM if self.signals == 1 else signal.SIGINT)
 
+    def _give_back(self, slot: int, pid: int, code: int) -> list[dict[str, Any]]:
+        """The tasks the dead child of ``slot`` still held, failed at once; none after a clean
+        exit (a graceful stop released them), without a database URL, or when the database
+        did not answer in time (their leases expire instead: logged)."""
+        cause = death_cause(code)
+        if cause is None or self.database_url is None:
+            return []
+        owner = self.worker_ids[slot]
+        try:
+            failed = give_back(self.database_url, owner, cause, pid)
+        except Exception as exc:  # never the supervisor's end: the lease sweep is the fallback
+            text = str(exc).strip().splitlines()
+            event(
+                "worker.give_back_failed",
+                logging.WARNING,
+                slot=slot,
+                pid=pid,
+                worker=owner,
+                error=text[0] if text else type(exc).__name__,
+                note="its tasks wait for their leases to expire",
+            )
+            return []
+        for task in failed:
+            outcome = {"failed": "dead", "cancelled": "cancelled"}.get(task["status"], "retrying")
+            if task["never_started"]:
+                outcome = "requeued_unstarted"
+            event(
+                "task.failed_by_child_death",
+                logging.WARNING,
+                task_id=task["id"],
+                type=task["type"],
+                attempt=task["attempts"],
+                max_attempts=task["max_attempts"],
+                outcome=outcome,
+                worker=owner,
+                pid=pid,
+                error=cause,
+            )
+            if outcome == "dead":  # as every other path that dead-letters a task says it
+                event(
+                    "task.dead",
+                    logging.ERROR,
+                    task_id=task["id"],
+                    type=task["type"],
+                    attempt=task["attempts"],
+                    max_attempts=task["max_attempts"],
+                    error=cause,
+                )
+        return failed
+
+    def _exited(self, slot: int, proc: Child, code: int, *, restart_in: float | None) -> None:
+        """A child's end: its tasks given back (bounded), then reported."""
+        failed = self._give_back(slot, proc.pid, code)
+        owner = self.worker_ids[slot]
+        fields: dict[str, Any] = {"slot": slot, "pid": proc.pid, "worker": owner, "exit_code": code}
+        if restart_in is not None:
+            fields["restart_in_s"] = round(restart_in, 2)
+        fields["tasks_given_back"] = len(failed)
+        if failed:
+            fields["task_ids"] = ",".join(str(t["id"]) for t in failed[:TASK_IDS_LOGGED])
+        event("worker.process_exited", logging.WARNING, **fields)
+
     def run(self) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -260,13 +388,21 @@ class Supervisor:
                 self._start(slot)
         while True:
             if self.signals:
-                for proc in self.children.values():
-                    proc.wait()
+                for slot, proc in self.children.items():
+                    last = proc.wait()
+                    if death_cause(last) is not None and slot not in self.restart_at:
+                        # Killed while it drained (an OOM kill, say): what it held, too.
+                        self._exited(slot, proc, last, restart_in=None)
                 return 0
             now = time.monotonic()
             for slot, proc in list(self.children.items()):
                 code = proc.poll()
                 if code is None or slot in self.restart_at:
+                    continue
+                if code == EXIT_RECYCLE:  # it asked to be replaced: not a crash
+                    self.backoff.pop(slot, None)
+                    self.restart_at[slot] = now
+                    event("worker.process_recycled", slot=slot, pid=proc.pid, exit_code=code)
                     continue
                 lived = now - self.started_at[slot]
                 delay = (
@@ -275,17 +411,12 @@ class Supervisor:
                     else min(self.backoff.get(slot, 0.25) * 2, RESTART_BACKOFF_MAX)
                 )
                 self.backoff[slot] = delay
+                # Counted from the exit: the take-back (before the restart, so that the
+                # replacement's claims may take its tasks at once) runs within the delay.
                 self.restart_at[slot] = now + delay
-                event(
-                    "worker.process_exited",
-                    logging.WARNING,
-                    slot=slot,
-                    pid=proc.pid,
-                    exit_code=code,
-                    restart_in_s=round(delay, 2),
-                )
+                self._exited(slot, proc, code, restart_in=delay)
             for slot, when in list(self.restart_at.items()):
-                if now >= when and not self.signals:
+                if time.monotonic() >= when and not self.signals:
                     del self.restart_at[slot]
                     self._start(slot)
             time.sleep(0.1)

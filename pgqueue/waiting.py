@@ -2,17 +2,17 @@
 
 The loop registers the waiter and reads the task in one statement (``task_waiter_add``), then
 sleeps until a notification for the task arrives on ``pgqueue_done`` or a poll is due, and
-reads the task again, until it is final or the time is up. Three drivers run it: on the
-caller's sync connection (:func:`pgqueue.queries.run_waiting`), on an async one
-(:func:`pgqueue.queries.arun_waiting`), and in the HTTP API on one shared LISTEN connection for
-every waiting request (:mod:`pgqueue.api.waiters`).
+reads the task again, until it is final or the time is up. It runs on the caller's sync or
+async connection (:func:`pgqueue.queries.driver.drive` and ``adrive``, each statement in a
+transaction of its own: ``Transaction.EACH_STEP``), and in the HTTP API on one shared LISTEN
+connection for every waiting request (:mod:`pgqueue.api.waiters`).
 
 Why notifications and a poll: a finishing statement notifies only the tasks someone waits on
 (``pgqueue.task_waiters_wake``), so a task nobody waits on pays no NOTIFY; and a notification
 can still be missed (a LISTEN connection that dropped, a path that finishes a task without
 the wake-up), which the poll, every ``poll_interval`` seconds, covers. Registering locks the
 task's row ``FOR SHARE`` for an instant, which closes the race with a finish in flight (see
-``task_waiter_add`` in sql/tasks.sql), so the poll is a fallback, not the usual path.
+``task_waiter_add`` in sql/waiting.sql), so the poll is a fallback, not the usual path.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-from pgqueue import queries
 from pgqueue.errors import WaitTimeout, WorkflowWaitTimeout
 from pgqueue.models import Task, TaskStatus, WorkflowInfo
-from pgqueue.queries import DONE_CHANNEL, AwaitNotify, Listen, WaitOp
+from pgqueue.queries import dependencies, tasks, waiting
+from pgqueue.queries.driver import AwaitNotify, Listen, WaitOp
+from pgqueue.queries.waiting import DONE_CHANNEL
 
 DEFAULT_POLL_INTERVAL = 2.0
 
@@ -79,16 +80,16 @@ def _wait_task(
     try:
         # Inside the try: interrupted while registering (a cancelled request), the row may
         # have been written all the same; removing one that is not there costs nothing.
-        task = yield from queries.task_waiter_add(task_id, waiter, timeout + REGISTRATION_MARGIN)
+        task = yield from waiting.task_waiter_add(task_id, waiter, timeout + REGISTRATION_MARGIN)
         next_poll = clock() + poll_interval
         while not task.status.is_final:
             if clock() >= deadline:
                 raise WaitTimeout(task, timeout)
             yield from _until_woken(deadline, next_poll, {str(task_id)}, clock)
-            task = yield from queries.task_get(task_id)
+            task = yield from tasks.task_get(task_id)
             next_poll = clock() + poll_interval
     finally:
-        yield from queries.task_waiter_remove(task_id, waiter)
+        yield from waiting.task_waiter_remove(task_id, waiter)
     return task
 
 
@@ -120,27 +121,27 @@ def _wait_workflow(
     seconds = timeout + REGISTRATION_MARGIN
     watched: set[uuid.UUID] = set()
     try:
-        info = yield from queries.workflow_get(workflow_id)
+        info = yield from dependencies.workflow_get(workflow_id)
         next_poll = clock() + poll_interval
         while not info.status.is_final:
             pending = [t.id for t in info.tasks if not t.status.is_final]
             if not watched.intersection(pending):
                 if watched:
-                    yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
+                    yield from waiting.task_waiter_remove_many([(i, waiter) for i in watched])
                     watched = set()
                 pick = pending[-MAX_WATCHED:]
-                read = yield from queries.task_waiter_add_many([(i, waiter, seconds) for i in pick])
+                read = yield from waiting.task_waiter_add_many([(i, waiter, seconds) for i in pick])
                 watched = set(pick)
                 # Registered after the read above: one may have finished in between.
                 if any(TaskStatus(r[0]["status"]).is_final for r in read.values()):
-                    info = yield from queries.workflow_get(workflow_id)
+                    info = yield from dependencies.workflow_get(workflow_id)
                     continue
             if clock() >= deadline:
                 raise WorkflowWaitTimeout(info, timeout)
             yield from _until_woken(deadline, next_poll, {str(i) for i in watched}, clock)
-            info = yield from queries.workflow_get(workflow_id)
+            info = yield from dependencies.workflow_get(workflow_id)
             next_poll = clock() + poll_interval
     finally:
         if watched:
-            yield from queries.task_waiter_remove_many([(i, waiter) for i in watched])
+            yield from waiting.task_waiter_remove_many([(i, waiter) for i in watched])
     return info

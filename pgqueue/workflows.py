@@ -29,7 +29,7 @@ from pgqueue.enqueue import new_task_id, prepare
 from pgqueue.errors import ValidationError
 from pgqueue.handle import TaskHandle
 from pgqueue.operations import enqueue_many, wait_workflow
-from pgqueue.queries import TaskSpec
+from pgqueue.queries.specs import TaskSpec
 
 # The marker a function step's payload holds in the parameter that receives its parents'
 # results; the worker replaces it (function_tasks.fill_parent_results).

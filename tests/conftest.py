@@ -7,7 +7,9 @@ Where the server comes from, first match wins:
    in a throwaway data directory with durability turned off for speed (tests only).
 
 The schema is migrated once into a template database; each test gets a fresh copy of it
-(``CREATE DATABASE ... TEMPLATE``), so tests never see each other's tasks.
+(``CREATE DATABASE ... TEMPLATE``), so tests never see each other's tasks. Their names say
+which pytest process made them (tests/session_databases.py): a session starting drops the
+ones an interrupted run left behind, never those of a run still going beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from session_databases import database_name, drop_leftovers
 
 from pgqueue import migrate
 
@@ -67,9 +69,8 @@ def _embedded_server() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
-    """An admin URL to the PostgreSQL server the tests run against."""
+@contextlib.contextmanager
+def _server() -> Iterator[str]:
     env = os.environ.get("PGQUEUE_TEST_DATABASE_URL")
     if env:
         yield env
@@ -81,6 +82,15 @@ def server_url() -> Iterator[str]:
             yield container.get_connection_url()
         return
     with _embedded_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """An admin URL to the PostgreSQL server the tests run against, rid of the databases that
+    interrupted runs left there."""
+    with _server() as url:
+        drop_leftovers(url)
         yield url
 
 
@@ -101,7 +111,7 @@ def _drop_database(server_url: str, name: str) -> None:
 @pytest.fixture(scope="session")
 def template_db(server_url: str) -> Iterator[str]:
     """A database migrated to head, copied for every test."""
-    name = f"pgqueue_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = database_name("tpl")
     url = _create_database(server_url, name)
     migrate.upgrade(url)
     yield name
@@ -111,7 +121,7 @@ def template_db(server_url: str) -> Iterator[str]:
 @pytest.fixture
 def empty_database_url(server_url: str) -> Iterator[str]:
     """A fresh database with no pgqueue schema (for migration and schema-missing tests)."""
-    name = f"pgqueue_t_{uuid.uuid4().hex[:12]}"
+    name = database_name("t")
     url = _create_database(server_url, name)
     yield url
     _drop_database(server_url, name)
@@ -120,7 +130,7 @@ def empty_database_url(server_url: str) -> Iterator[str]:
 @pytest.fixture
 def database_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh database migrated to head."""
-    name = f"pgqueue_t_{uuid.uuid4().hex[:12]}"
+    name = database_name("t")
     url = _create_database(server_url, name, template=template_db)
     yield url
     _drop_database(server_url, name)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import base64
 import uuid
 from datetime import datetime
+from typing import Any
 
 from pgqueue import aio
 from pgqueue.api.schemas import TaskOut, TaskPage
 from pgqueue.api.state import ApiState
 from pgqueue.errors import ValidationError
 from pgqueue.models import Task, TaskStatus
+from pgqueue.queries import driver, task_types
 
 
 def encode_cursor(task: Task) -> str:
@@ -45,5 +47,21 @@ async def task_page(
         tasks = await aio.list_tasks(
             conn, status=status, type=type, queue=queue, limit=limit, before=before
         )
+        timeouts = await declared_timeouts(conn, tasks)
     next_cursor = encode_cursor(tasks[-1]) if len(tasks) == limit else None
-    return TaskPage(items=[TaskOut.of(t) for t in tasks], next_cursor=next_cursor)
+    items = [TaskOut.of(t, timeout_seconds=timeout_of(t, timeouts)) for t in tasks]
+    return TaskPage(items=items, next_cursor=next_cursor)
+
+
+async def declared_timeouts(conn: Any, tasks: list[Task]) -> dict[str, float]:
+    """The handler timeouts the running tasks' types declare (pgqueue.task_types, as workers
+    recorded them), read only when some task is running: what shows a task overrunning its
+    timeout (a sync handler's thread the worker waits for) without anything more recorded."""
+    if not any(t.status is TaskStatus.RUNNING for t in tasks):
+        return {}
+    rows = await driver.arun(conn, task_types.task_types_list())
+    return {r["type"]: float(r["timeout"]) for r in rows if r["timeout"] is not None}
+
+
+def timeout_of(task: Task, timeouts: dict[str, float]) -> float | None:
+    return timeouts.get(task.type) if task.status is TaskStatus.RUNNING else None

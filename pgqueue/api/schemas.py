@@ -237,6 +237,13 @@ class TaskOut(SubmitOut):
     children: list[EdgeOut] = Field(
         default_factory=list, description="The tasks that depend on it, with their statuses now."
     )
+    timeout_seconds: float | None = Field(
+        None,
+        description="While running: the handler timeout its type declares (as the workers "
+        "recorded it at their start; null: none). A task running longer than this since "
+        "started_at is overrunning: a sync handler's thread cannot be stopped, so its worker "
+        "holds the task until the thread returns, then records the attempt timed out.",
+    )
 
     @classmethod
     def of(
@@ -244,6 +251,7 @@ class TaskOut(SubmitOut):
         task: Task,
         parents: Sequence[Parent] = (),
         children: Sequence[Parent] = (),
+        timeout_seconds: float | None = None,
     ) -> TaskOut:
         error = task.error
         return cls(
@@ -258,6 +266,7 @@ class TaskOut(SubmitOut):
             cancelled_by=task.cancelled_by,
             parents=[EdgeOut.of(p) for p in parents],
             children=[EdgeOut.of(c) for c in children],
+            timeout_seconds=timeout_seconds,
         )
 
 

@@ -15,12 +15,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from pgqueue import queries
 from pgqueue.api.metrics import ApiMetrics
 from pgqueue.api.settings import ApiSettings
 from pgqueue.api.waiters import WaiterHub
 from pgqueue.config import resolve_database_url
 from pgqueue.errors import DatabaseUnavailable, SchemaNotReady
+from pgqueue.queries import driver, maintenance
 
 
 class ApiState:
@@ -94,7 +94,7 @@ class ApiState:
     async def schema_revision(self, conn: Any) -> str | None:
         """The revision the database's pgqueue schema is at; None when it has none."""
         try:
-            return await queries.arun(conn, queries.schema_version())
+            return await driver.arun(conn, maintenance.schema_version())
         except SchemaNotReady:  # no version table: never migrated
             await conn.rollback()
             return None
@@ -103,7 +103,7 @@ class ApiState:
         """The schema's revision, or SchemaNotReady unless it is this pgqueue's. Task
         endpoints run it on first use and again after each refusal, not on every request (as
         the worker and the Client check once); /readyz runs it every time."""
-        revision = await queries.arun(conn, queries.schema_version())
+        revision = await driver.arun(conn, maintenance.schema_version())
         if revision != self.head:
             await conn.rollback()
             from pgqueue import migrate

@@ -28,10 +28,12 @@ from typing import Any
 
 import psycopg
 
-from pgqueue import log, queries
+from pgqueue import log
 from pgqueue.errors import PgQueueError
 from pgqueue.models import Task
-from pgqueue.queries import DONE_CHANNEL, AwaitNotify, Copy, Listen, Op, Query, WaitOp, WaitStep
+from pgqueue.queries import driver, waiting
+from pgqueue.queries.driver import AwaitNotify, Copy, Listen, Op, Query, WaitOp, WaitStep
+from pgqueue.queries.waiting import DONE_CHANNEL
 from pgqueue.waiting import wait_loop
 
 APPLICATION_NAME = "pgqueue-api-waiters"
@@ -110,15 +112,15 @@ class WaiterHub:
         # The wait loop's three reads, each batched across requests.
         self._batched: dict[str, tuple[Coalescer, Callable[[Mapping[str, Any]], Any]]] = {
             "task_waiter_add": (
-                Coalescer(self._batch(queries.task_waiter_add_many), _rows_of),
+                Coalescer(self._batch(waiting.task_waiter_add_many), _rows_of),
                 lambda p: (p["id"], p["waiter"], p["seconds"]),
             ),
             "task_get": (
-                Coalescer(self._batch(queries.task_get_many), _rows_of),
+                Coalescer(self._batch(waiting.task_get_many), _rows_of),
                 lambda p: p["id"],
             ),
             "task_waiter_remove": (
-                Coalescer(self._batch(queries.task_waiter_remove_many), lambda _r, _i: []),
+                Coalescer(self._batch(waiting.task_waiter_remove_many), lambda _r, _i: []),
                 lambda p: (p["id"], p["waiter"]),
             ),
         }
@@ -208,7 +210,7 @@ class WaiterHub:
     def _batch(self, build: Callable[[list[Any]], Op[Any]]) -> Callable[[list[Any]], Any]:
         async def run(items: list[Any]) -> Any:
             async with self._connection() as conn:
-                return await queries.arun(conn, build(items))
+                return await driver.arun(conn, build(items))
 
         return run
 
@@ -250,7 +252,7 @@ class WaiterHub:
             coalescer, item = self._batched[step.name]
             return await coalescer.submit(item(step.params))
         async with self._connection() as conn:
-            return await queries.arun(conn, _one(step))
+            return await driver.arun(conn, _one(step))
 
 
 def _rows_of(rows: dict[Any, list[Any]], item: Any) -> list[Any]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pgqueue.cli.state import state
-from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, max_result_bytes
+from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, EXIT_RECYCLE, max_result_bytes
 from pgqueue.enqueue import check_name
 
 if TYPE_CHECKING:
@@ -124,6 +124,27 @@ MetricsHostOption = Annotated[
     ),
 ]
 
+# How a supervisor tells a spawned child the worker id it chose for it (its lease owner,
+# whose tasks the supervisor fails should the child die): not for people, so not in --help.
+WorkerIdOption = Annotated[str, typer.Option(hidden=True)]
+MaxOverrunningOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Recycle the worker when more than N sync handlers run on past their timeout "
+        "(a thread cannot be killed; each holds its slot until it returns): it stops "
+        f"claiming, records them timed out and exits with code {EXIT_RECYCLE}, for its "
+        "supervisor to start a fresh one (--processes N restarts it at once). Default: never.",
+    ),
+]
+LoopBlockedAfterOption = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Warn (worker.loop_blocked, naming the async handler that held it) when the "
+        "event loop runs nothing for longer than this many seconds; 0: off.",
+    ),
+]
 ExecutorOption = Annotated[
     str,
     typer.Option(
@@ -186,6 +207,9 @@ class WorkerOptions:
     log_level: str
     metrics_port: int | None
     metrics_host: str
+    worker_id: str = ""  # empty: the worker makes one up (HOST:PID:RANDOM)
+    max_overrunning: int | None = None
+    loop_block_threshold: float = 0.1
     executor: str = "thread"
     process_pool_size: int | None = None
     hard_timeout: float = 5.0
@@ -216,6 +240,9 @@ def worker(
     log_level: LogLevelOption = "INFO",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "0.0.0.0",
+    worker_id: WorkerIdOption = "",
+    max_overrunning: MaxOverrunningOption = None,
+    loop_blocked_after: LoopBlockedAfterOption = 0.1,
     executor: ExecutorOption = "thread",
     process_pool_size: ProcessPoolSizeOption = None,
     hard_timeout: HardTimeoutOption = 5.0,
@@ -224,7 +251,10 @@ def worker(
     memory_limit: MemoryLimitOption = None,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
-    later, stops at once)."""
+    later, stops at once).
+
+    Exit code: 0 once stopped; 75 when it recycled itself (--max-overrunning), for its
+    supervisor to start another."""
     from pgqueue import log
     from pgqueue.registry import load
 
@@ -255,6 +285,9 @@ def worker(
         log_level=log_level,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        worker_id=worker_id,
+        max_overrunning=max_overrunning,
+        loop_block_threshold=loop_blocked_after,
         executor=executor,
         process_pool_size=process_pool_size,
         hard_timeout=hard_timeout,
@@ -279,7 +312,9 @@ def worker(
         tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
     if processes > 1:
         raise typer.Exit(_supervise(registry, tasks, processes, options, url))
-    _run(tasks, url, options)
+    code = _run(tasks, url, options)
+    if code:
+        raise typer.Exit(code)
 
 
 def _django_tasks() -> tuple[TaskRegistry, str]:
@@ -327,8 +362,11 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--promote-after", options.promote_after),
         ("--log-format", options.log_format),
         ("--log-level", options.log_level),
+        ("--loop-blocked-after", options.loop_block_threshold),
     ):
         argv += [name, str(value)]
+    if options.max_overrunning is not None:
+        argv += ["--max-overrunning", str(options.max_overrunning)]
     argv += ["--executor", options.executor, "--hard-timeout", str(options.hard_timeout)]
     for name, given in (
         ("--process-pool-size", options.process_pool_size),
@@ -363,20 +401,28 @@ def _supervise(
     if first_port is not None:
         argv += ["--metrics-host", options.metrics_host]
 
-    def port_of(slot: int) -> list[str]:  # child i on PORT+i, a replacement on the same
-        return [] if first_port is None else ["--metrics-port", str(first_port + slot)]
+    def slot_args(slot: int, worker_id: str) -> list[str]:
+        """The worker id the supervisor chose; child i on PORT+i, a replacement on the same."""
+        port = [] if first_port is None else ["--metrics-port", str(first_port + slot)]
+        return [*port, "--worker-id", worker_id]
 
-    def run_forked(slot: int) -> int:
+    def run_forked(slot: int, worker_id: str) -> int:
         """A forked child: the worker of that slot, its errors reported as the command's."""
         os.environ[ENV_DATABASE_URL] = url  # what a spawned child has (its handlers may read it)
         port = None if first_port is None else first_port + slot
-        mine = dataclasses.replace(options, metrics_port=port)
-        exit_reporting_errors(lambda: _run(tasks, url, mine))
+        mine = dataclasses.replace(options, metrics_port=port, worker_id=worker_id)
+        exit_reporting_errors(lambda: _run(tasks, url, mine))  # its code: 0 or EXIT_RECYCLE
 
     if method == "fork":
         _preload(options)
     supervisor = Supervisor(
-        argv, processes, env=env, slot_args=port_of, run_forked=run_forked, method=method
+        argv,
+        processes,
+        env=env,
+        slot_args=slot_args,
+        run_forked=run_forked,
+        method=method,
+        database_url=url,  # to fail the tasks a dead child held, at once
     )
     return supervisor.run()
 
@@ -387,10 +433,11 @@ def _preload(options: WorkerOptions) -> None:
     import concurrent.futures.thread  # noqa: F401  (asyncio.to_thread's executor)
 
     import pgqueue.worker  # noqa: F401  (the services, psycopg_pool)
-    from pgqueue import migrate, queries
+    from pgqueue import migrate
+    from pgqueue.queries import driver
 
     migrate.revisions()  # the revision files, read (and cached) once
-    queries.statements()  # sql/tasks.sql, likewise
+    driver.statements()  # the SQL files, likewise
     if options.metrics_port is not None:
         import http.server  # noqa: F401  (the metrics server's)
 
@@ -398,11 +445,14 @@ def _preload(options: WorkerOptions) -> None:
             import prometheus_client  # noqa: F401
 
 
-def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> None:
-    """One worker, in this process, until it is told to stop."""
+def _run(tasks: TaskRegistry, url: str, options: WorkerOptions) -> int:
+    """One worker, in this process, until it is told to stop (or recycles itself); the
+    process's exit code."""
     from pgqueue.worker import Worker
 
-    Worker(tasks, url, _config(options)).run()
+    worker = Worker(tasks, url, _config(options))
+    worker.run()
+    return worker.exit_code
 
 
 def _config(options: WorkerOptions) -> WorkerConfig:
@@ -419,6 +469,7 @@ def _config(options: WorkerOptions) -> WorkerConfig:
         scheduler=options.scheduler,
         metrics_port=options.metrics_port,
         metrics_host=options.metrics_host,
+        worker_id=options.worker_id,
         maintenance=MaintenanceConfig(
             enabled=options.maintenance,
             sweep_interval=options.sweep_interval,
@@ -427,6 +478,8 @@ def _config(options: WorkerOptions) -> WorkerConfig:
             dead_retention=options.dead_retention,
             promote_after=options.promote_after,
         ),
+        max_overrunning=options.max_overrunning,
+        loop_block_threshold=options.loop_block_threshold,
         executor=options.executor,
         process_pool_size=options.process_pool_size,
         hard_timeout=options.hard_timeout,

@@ -590,6 +590,10 @@
     const rows = tasks.map((t) => {
       const expires = t.lease_expires_at ? Date.parse(t.lease_expires_at) : null;
       const expired = expires !== null && expires < Date.now();
+      // Running past its type's timeout: a sync handler's thread the worker waits for (it
+      // records the timeout once the thread returns), or an async one blocking the loop.
+      const ranFor = t.started_at ? (Date.now() - Date.parse(t.started_at)) / 1000 : 0;
+      const overrunning = t.timeout_seconds != null && ranFor > t.timeout_seconds;
       return el(
         "tr",
         { "data-task-id": t.task_id },
@@ -598,7 +602,19 @@
         el("td", { "data-col": "queue" }, t.queue),
         el("td", { "data-col": "worker", class: "mono" }, t.worker ?? "—"),
         el("td", { class: "num", "data-col": "attempt" }, `${t.attempts} / ${t.max_attempts}`),
-        el("td", { "data-col": "started" }, when(t.started_at), el("span", { class: "muted" }, ` ${relative(t.started_at)}`)),
+        el(
+          "td",
+          { "data-col": "started", class: overrunning ? "warn" : null },
+          when(t.started_at),
+          el("span", { class: "muted" }, ` ${relative(t.started_at)}`),
+          overrunning
+            ? el(
+                "span",
+                { class: "badge retrying", "data-field": "overrunning", title: "Its handler ran past its timeout; the worker holds the task until the handler returns, then records the attempt timed out." },
+                `overrunning its ${duration(t.timeout_seconds)} timeout`,
+              )
+            : null,
+        ),
         el(
           "td",
           { "data-col": "lease", class: expired ? "warn" : null },

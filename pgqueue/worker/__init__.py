@@ -16,6 +16,11 @@ test can drive it one step at a time:
 - the **heartbeat** (heartbeat.py) renews every lease the worker holds, learns of
   cancellation requests and lost leases, and tells the handlers through their context;
 - the **scheduler** (scheduler.py) enqueues the registry's periodic schedules' due ticks;
+- **overruns** (overruns.py) counts the sync handlers running on past their timeout (their
+  tasks held until the threads return) and asks the worker to recycle past
+  ``max_overrunning``;
+- the **watchdog** (watchdog.py), a thread, notices a blocked event loop and names the async
+  handler that held it;
 - **maintenance** (maintenance.py: expired-lease sweep, retention pruning, promotion,
   ANALYZE), one runner per database at a time;
 - **metrics** (metrics.py): Prometheus metrics and /healthz, with a metrics port only.

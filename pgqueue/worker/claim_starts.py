@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from pgqueue.models import ClaimedTask
-from pgqueue.queries import ClaimStarts as Starts
+from pgqueue.queries.claiming import ClaimStarts as Starts
 
 # How much earlier than the newest task claimed a walk starts: tasks whose transaction began
 # up to this long before a later one committed are still found by the next walk.

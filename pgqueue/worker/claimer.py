@@ -20,18 +20,12 @@ from typing import Any
 
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask
-from pgqueue.queries import ClaimStarts as Starts
-from pgqueue.queries import (
-    TypeDeclaration,
-    arun,
-    claim_round,
-    lease_starts_mark,
-    limits_probe,
-    task_claim,
-    task_heartbeat,
-    task_parents_many,
-    task_types_declare,
-)
+from pgqueue.queries.claiming import ClaimStarts as Starts
+from pgqueue.queries.claiming import claim_round, lease_starts_mark, limits_probe, task_claim
+from pgqueue.queries.dependencies import task_parents_many
+from pgqueue.queries.driver import arun
+from pgqueue.queries.leased import task_heartbeat
+from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database

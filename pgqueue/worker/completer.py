@@ -13,7 +13,8 @@ import logging
 from typing import Any
 
 from pgqueue.log import event, logger
-from pgqueue.queries import arun, task_complete_many
+from pgqueue.queries.driver import arun
+from pgqueue.queries.leased import task_complete_many
 from pgqueue.worker.database import Database
 from pgqueue.worker.metrics import WorkerMetrics
 from pgqueue.worker.state import PendingCompletion, Slots

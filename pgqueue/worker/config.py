@@ -41,6 +41,15 @@ class WorkerConfig:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     maintenance: MaintenanceConfig = dataclasses.field(default_factory=MaintenanceConfig)
+    # Recycle the worker when more than this many sync handlers run on past their timeout
+    # (their threads cannot be killed; each holds its slot until it returns): stop claiming,
+    # let the other tasks finish within the grace period, record the overrunning ones timed
+    # out and exit with EXIT_RECYCLE for the supervisor to start a fresh process. None: never.
+    max_overrunning: int | None = None
+    # Warn (worker.loop_blocked, naming the async handler) when the event loop runs none of
+    # its timers for longer than this many seconds: an async handler calling blocking code
+    # stalls every task, heartbeat and claim of the worker meanwhile. 0 or None: no watchdog.
+    loop_block_threshold: float | None = 0.1
     # Where handlers that name no executor run: "thread" (plain functions in threads, async
     # ones on the event loop) or "process" (every one in a pool of child processes).
     executor: str = "thread"
@@ -74,6 +83,15 @@ class WorkerConfig:
             raise ValidationError("grace_period", "must be >= 0")
         if self.startup_timeout < 0:
             raise ValidationError("startup_timeout", "must be >= 0")
+        if self.max_overrunning is not None and self.max_overrunning < 0:
+            raise ValidationError(
+                "max_overrunning", f"must be 0 or more (or None), not {self.max_overrunning}"
+            )
+        if self.loop_block_threshold is not None and not self.loop_block_threshold >= 0:
+            raise ValidationError(
+                "loop_block_threshold",
+                f"must be 0 (off) or more seconds, not {self.loop_block_threshold}",
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValidationError("metrics_port", f"must be 0 to 65535, not {self.metrics_port}")
         self._check_processes()

@@ -16,7 +16,7 @@ import uuid
 from pgqueue import aio
 from pgqueue.log import event
 from pgqueue.models import Lease
-from pgqueue.queries import HeartbeatResult
+from pgqueue.queries.leased import HeartbeatResult
 from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database

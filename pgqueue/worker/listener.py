@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from pgqueue.log import event
-from pgqueue.queries import RELEASED_CHANNEL
+from pgqueue.queries.waiting import RELEASED_CHANNEL
 from pgqueue.worker.cancels import CANCEL_CHANNEL
 from pgqueue.worker.config import WorkerConfig
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import psycopg
 
-from pgqueue import queries
 from pgqueue.errors import DatabaseUnavailable, ValidationError
 from pgqueue.log import event
 from pgqueue.models import TaskStatus
 from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
+from pgqueue.queries import claiming, driver, maintenance, queues
 from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
 from pgqueue.worker.results import MaintenanceResult
 
@@ -80,18 +80,18 @@ class Maintenance:
         self.metrics = metrics
         self._analyze_denied_at: float | None = None  # when ANALYZE was last skipped for us
 
-    async def _locked_batch(self, conn: psycopg.AsyncConnection[Any], op: queries.Op[Any]) -> Any:
+    async def _locked_batch(self, conn: psycopg.AsyncConnection[Any], op: driver.Op[Any]) -> Any:
         """Run ``op`` in a transaction holding the maintenance lock; None if someone else has it."""
         async with conn.transaction():
-            if not await queries.arun(conn, queries.maintenance_try_lock()):
+            if not await driver.arun(conn, maintenance.maintenance_try_lock()):
                 return None
-            return await queries.arun(conn, op)
+            return await driver.arun(conn, op)
 
     async def sweep_once(self, conn: psycopg.AsyncConnection[Any]) -> MaintenanceResult:
         out = MaintenanceResult()
         for _ in range(self.config.max_batches):
             swept = await self._locked_batch(
-                conn, queries.task_sweep_expired(self.config.batch_size)
+                conn, claiming.task_sweep_expired(self.config.batch_size)
             )
             if swept is None:
                 out.skipped = True
@@ -135,7 +135,7 @@ class Maintenance:
         within a sweep interval of its expiry."""
         expired = 0
         for _ in range(self.config.max_batches):
-            batch = await self._locked_batch(conn, queries.task_expire(self.config.batch_size))
+            batch = await self._locked_batch(conn, claiming.task_expire(self.config.batch_size))
             if batch is None:
                 break
             expired += len(batch)
@@ -178,7 +178,7 @@ class Maintenance:
 
         conn.add_notice_handler(on_notice)
         try:
-            changed = await self._locked_batch(conn, queries.analyze_if_stale())
+            changed = await self._locked_batch(conn, maintenance.analyze_if_stale())
         finally:
             conn.remove_notice_handler(on_notice)
         if changed and skipped:
@@ -199,13 +199,13 @@ class Maintenance:
         return int(changed or 0)
 
     async def promote_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        """The starvation policy (see task_promote in sql/tasks.sql), in bounded batches."""
+        """The starvation policy (see task_promote in sql/queues.sql), in bounded batches."""
         if not self.config.promote_after:
             return 0
         promoted = 0
         for _ in range(self.config.max_batches):
             batch = await self._locked_batch(
-                conn, queries.task_promote(self.config.promote_after, self.config.batch_size)
+                conn, queues.task_promote(self.config.promote_after, self.config.batch_size)
             )
             if batch is None:
                 break
@@ -234,7 +234,7 @@ class Maintenance:
         for statuses, older_than in plans:
             for _ in range(self.config.max_batches):
                 n = await self._locked_batch(
-                    conn, queries.task_prune(statuses, older_than, self.config.batch_size)
+                    conn, queues.task_prune(statuses, older_than, self.config.batch_size)
                 )
                 if n is None:
                     out.skipped = True
@@ -243,7 +243,7 @@ class Maintenance:
                 if n < self.config.batch_size:
                     break
         # Stopped workers' start marks: one small row each, gone an hour after their last claim.
-        await self._locked_batch(conn, queries.lease_starts_prune())
+        await self._locked_batch(conn, claiming.lease_starts_prune())
         if out.pruned:
             event("maintenance.prune", pruned=out.pruned)
         return out

@@ -86,6 +86,17 @@ class WorkerMetrics:
     def lease_swept(self, result: MaintenanceResult) -> None:
         pass
 
+    def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
+        """A sync handler's timeout passed while its thread runs on; ``overrunning`` such
+        threads now."""
+
+    def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
+        """An overrunning thread returned (or was abandoned at exit)."""
+
+    def loop_blocked(self, type: str, seconds: float) -> None:
+        """The event loop did not run for ``seconds`` (the watchdog's thread may call this);
+        ``type`` is the async handler's that held it, "" when unknown."""
+
     # The process executor's children (pgqueue/worker/processes.py).
 
     def child_started(self) -> None:
@@ -140,10 +151,11 @@ class _Histogram:
 class _TypeStats:
     """One (queue, type)'s counts, plain attributes bumped on the event loop."""
 
-    __slots__ = ("completed", "dead", "duration", "failed", "retried", "started")
+    __slots__ = ("completed", "dead", "duration", "failed", "overruns", "retried", "started")
 
     def __init__(self) -> None:
         self.started = self.completed = self.failed = self.retried = self.dead = 0
+        self.overruns = 0
         self.duration = _Histogram(DURATION_BUCKETS)
 
 
@@ -158,6 +170,12 @@ TASK_COUNTERS = (
     ),
     ("retried", "pgqueue_worker_tasks_retried", "Failed attempts recorded for a retry"),
     ("dead", "pgqueue_worker_tasks_dead", "Failed last attempts: tasks dead-lettered"),
+    (
+        "overruns",
+        "pgqueue_worker_handler_overruns",
+        "Sync handlers whose timeout passed while their thread ran on (the attempt is "
+        "recorded failed once the thread returns; the task keeps its slot meanwhile)",
+    ),
 )
 
 
@@ -181,6 +199,9 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.sweeps = {"swept": 0, "skipped": 0}
         self.swept_requeued = 0
         self.swept_dead = 0
+        self.overrunning = 0
+        # By handler type ("": unknown); bumped by the loop watchdog's thread only.
+        self.loop_blocks: dict[str, tuple[int, float]] = {}
         self.children = {"started": 0, "died": 0}
         self.children_recycled: dict[str, int] = {}
         self.children_killed: dict[str, int] = {}
@@ -235,6 +256,17 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.swept_requeued += result.requeued
         self.swept_dead += result.dead
 
+    def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
+        self._of(task).overruns += 1
+        self.overrunning = overrunning
+
+    def handler_overrun_ended(self, task: ClaimedTask, overrunning: int) -> None:
+        self.overrunning = overrunning
+
+    def loop_blocked(self, type: str, seconds: float) -> None:
+        n, total = self.loop_blocks.get(type, (0, 0.0))
+        self.loop_blocks[type] = (n + 1, total + seconds)
+
     def child_started(self) -> None:
         self.children["started"] += 1
 
@@ -253,7 +285,11 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         return []  # no read at registration; names are not checked for clashes either
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.metrics_core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         by_type = sorted(self._by_type.copy().items())  # copy(): one step under the GIL
         labels = ["queue", "type"]
@@ -296,6 +332,29 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             "dead-lettered",
             value=self.swept_dead,
         )
+        yield GaugeMetricFamily(
+            "pgqueue_worker_handlers_overrunning",
+            "Sync handlers past their timeout whose threads still run: each holds its slot "
+            "and its task's lease until it returns (see --max-overrunning)",
+            value=self.overrunning,
+        )
+        blocks = sorted(self.loop_blocks.copy().items())
+        blocked = CounterMetricFamily(
+            "pgqueue_worker_loop_blocked",
+            "Times the event loop did not run for longer than --loop-block-threshold, by the "
+            'type of the async handler that held it ("": none identified)',
+            labels=["type"],
+        )
+        blocked_seconds = CounterMetricFamily(
+            "pgqueue_worker_loop_blocked_seconds",
+            "Seconds the event loop spent blocked past its due timers, by handler type",
+            labels=["type"],
+        )
+        for type_, (n, seconds) in blocks:
+            blocked.add_metric([type_], n)
+            blocked_seconds.add_metric([type_], seconds)
+        yield blocked
+        yield blocked_seconds
         yield CounterMetricFamily(
             "pgqueue_worker_children_started",
             "Child processes of the process executor started (the first ones and replacements)",

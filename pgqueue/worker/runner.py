@@ -10,10 +10,9 @@ fenced by the lease, since what to log depends on what the database did with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 from pgqueue import aio, tracing
@@ -35,13 +34,15 @@ from pgqueue.executor import (
 )
 from pgqueue.log import event, logger
 from pgqueue.models import ClaimedTask, FailOutcome, FailResult, Lease
-from pgqueue.queries import arun, task_fail
+from pgqueue.queries.driver import arun
+from pgqueue.queries.leased import task_fail
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
 from pgqueue.worker.handler_pools import HandlerPools
 from pgqueue.worker.metrics import WorkerMetrics
+from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.state import PendingCompletion, Running, Slots
 
 T = TypeVar("T")
@@ -62,6 +63,8 @@ class Runner:
         completer: Completer,
         pools: HandlerPools,
         max_result_bytes: int | None = None,
+        overruns: Overruns | None = None,
+        stalled: Callable[[], float] | None = None,
         processes: ElsewhereRunner | None = None,
     ) -> None:
         self.processed = 0  # outcomes recorded here (the completer counts its own)
@@ -74,6 +77,8 @@ class Runner:
         self._completer = completer
         self._pools = pools
         self._max_result_bytes = max_result_bytes
+        self._overruns = overruns
+        self._stalled = stalled
         self._processes = processes
         self._threads: DaemonThreadPool | None = None
         self._executor: Executor | None = None
@@ -82,7 +87,11 @@ class Runner:
     def open(self) -> None:
         self._threads = DaemonThreadPool(self._config.concurrency)
         self._executor = Executor(
-            self._threads, max_result_bytes=self._max_result_bytes, elsewhere=self._processes
+            self._threads,
+            max_result_bytes=self._max_result_bytes,
+            on_overrun=self._overrun,
+            stalled=self._stalled,
+            elsewhere=self._processes,
         )
 
     def close(self) -> None:
@@ -127,20 +136,11 @@ class Runner:
                 outcome = await self._executor.run(task, ctx, handler)
                 if isinstance(outcome, Failed | Lost):
                     tracing.record_failure(span, getattr(outcome, "error", "lease lost"))
+            if ctx.overrunning_since is not None and self._overruns is not None:
+                self._overruns.ended(running)  # its thread returned: now the timeout counts
             if not running.released:
                 running.recording = True
                 await self._record(running, outcome)
-            if ctx.overrun is not None:
-                event(
-                    "task.handler_overrun",
-                    logging.WARNING,
-                    task_id=task.id,
-                    type=task.type,
-                    attempt=task.attempts,
-                    note="timed out but its thread is still running; its slot stays taken",
-                )
-                with contextlib.suppress(Exception):
-                    await ctx.overrun
         except asyncio.CancelledError:
             pass  # released at shutdown; the task is back in the queue
         except Exception as exc:  # a bug of ours: never let it kill the loop
@@ -155,6 +155,25 @@ class Runner:
         finally:
             self._running.pop(task.id, None)
             self._slots.changed()
+
+    def _overrun(self, ctx: TaskContext, timeout: float) -> None:
+        """The executor's word that a sync handler's timeout passed while its thread runs
+        on: the task stays in ``running`` (its slot, its lease renewed) until it returns."""
+        running = self._running.get(ctx.task_id)
+        if running is not None and self._overruns is not None:
+            self._overruns.started(running, timeout)
+
+    async def record_abandoned(self, running: Running) -> None:
+        """The worker exits while this task's handler overruns its timeout: record the
+        timeout now (fenced by the lease, retried or dead-lettered by the row's policy), as
+        the thread's return would have; the process's exit ends the thread. A release would
+        give the attempt back, and a handler that always hangs would then run forever."""
+        if self._overruns is None:
+            return
+        timeout = self._overruns.timeout_of(running.task.id)
+        self._overruns.abandoned(running)
+        running.recording = True
+        await self._record(running, Failed(f"timed out after {timeout} s"))
 
     async def _record(self, running: Running, outcome: Outcome) -> None:
         task, ctx = running.task, running.ctx

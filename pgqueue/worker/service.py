@@ -18,10 +18,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import aio, db, migrate
-from pgqueue.config import max_result_bytes, resolve_database_url
+from pgqueue.config import EXIT_RECYCLE, max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
-from pgqueue.queries import arun, schema_revision
+from pgqueue.queries.driver import arun
+from pgqueue.queries.maintenance import schema_revision
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.claimer import Claimer
@@ -33,17 +34,21 @@ from pgqueue.worker.heartbeat import Heartbeat
 from pgqueue.worker.listener import Listener
 from pgqueue.worker.maintenance import Maintenance
 from pgqueue.worker.metrics import create as create_metrics
+from pgqueue.worker.overruns import Overruns
 from pgqueue.worker.processes import ProcessPool, needed
 from pgqueue.worker.runner import Runner
 from pgqueue.worker.scheduler import Scheduler
-from pgqueue.worker.state import Slots, StopRequest
+from pgqueue.worker.state import Running, Slots, StopRequest
+from pgqueue.worker.watchdog import LoopWatchdog
 
 # A stop signal this soon after the previous one is its echo (see Worker._on_signal).
 SIGNAL_ECHO_SECONDS = 1.0
 
 
 class Worker:
-    """Runs the handlers of ``registry`` for tasks of ``config.queues``."""
+    """Runs the handlers of ``registry`` for tasks of ``config.queues``. Once it has run,
+    ``exit_code`` is 0, or ``pgqueue.config.EXIT_RECYCLE`` when it stopped to be replaced
+    (``WorkerConfig.max_overrunning``)."""
 
     def __init__(
         self,
@@ -61,6 +66,9 @@ class Worker:
         self._slots = Slots()
         self._stop = StopRequest()
         self._signalled_at: float | None = None  # when the last stop signal was taken
+        # 0, or EXIT_RECYCLE once the worker decided to recycle itself: what the process
+        # running it (the CLI) exits with.
+        self.exit_code = 0
         self.metrics = create_metrics(
             self.config.metrics_port,
             host=self.config.metrics_host,
@@ -84,6 +92,8 @@ class Worker:
             else None
         )
         self._completer = Completer(self._db, self.metrics, slots)
+        self._overruns = Overruns(cfg.max_overrunning, metrics=self.metrics, recycle=self.recycle)
+        self._watchdog = LoopWatchdog(cfg.loop_block_threshold, slots=slots, metrics=self.metrics)
         self._runner = Runner(
             cfg,
             registry,
@@ -93,6 +103,8 @@ class Worker:
             completer=self._completer,
             pools=self._pools,
             max_result_bytes=self._max_result_bytes,
+            overruns=self._overruns,
+            stalled=self._watchdog.stalled,
             processes=self._processes,
         )
         self._claimer = Claimer(
@@ -151,6 +163,21 @@ class Worker:
         self._slots.wake.set()
         self._slots.slot_freed.set()
 
+    def recycle(self, reason: str) -> None:
+        """Stop claiming and exit gracefully with EXIT_RECYCLE, for the supervisor
+        (``--processes``, systemd, Kubernetes) to start a fresh process in its place."""
+        if self._stop.stopping:
+            return
+        self.exit_code = EXIT_RECYCLE
+        event(
+            "worker.recycling",
+            logging.WARNING,
+            worker=self.config.worker_id,
+            reason=reason,
+            exit_code=EXIT_RECYCLE,
+        )
+        self.request_stop()
+
     def _on_signal(self) -> None:
         """SIGTERM/SIGINT: stop gracefully; another one later means now. One that arrives
         within SIGNAL_ECHO_SECONDS of the first is the same request arriving twice, not a
@@ -193,6 +220,7 @@ class Worker:
         except BaseException:
             await self._listener.close()
             raise
+        self._watchdog.start()
         event(
             "worker.started",
             worker=cfg.worker_id,
@@ -214,6 +242,7 @@ class Worker:
             await self._claimer.run()
             await self._drain()
         finally:
+            self._watchdog.stop()
             for t in helpers:
                 t.cancel()
             for t in helpers:
@@ -313,9 +342,16 @@ class Worker:
         """Shutdown: let running tasks finish within the grace period, release the rest."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.grace_period
+        # A recycling worker does not wait for the overrunning threads: they are why it stops.
+        recycling = self.exit_code == EXIT_RECYCLE
         while not self._stop.force:
-            running = self._slots.running.values()
-            jobs = [r.job for r in running if r.job is not None and not r.job.done()]
+            jobs = [
+                r.job
+                for r in self._slots.running.values()
+                if r.job is not None
+                and not r.job.done()
+                and not (recycling and r.ctx.overrunning_since is not None)
+            ]
             remaining = deadline - loop.time()
             if not jobs or remaining <= 0:
                 break
@@ -329,18 +365,26 @@ class Worker:
 
     async def _release_leftovers(self) -> None:
         """Give back the leases of the tasks that did not finish in time, so that they run
-        again elsewhere now rather than when their leases expire."""
+        again elsewhere now rather than when their leases expire. A task whose sync handler
+        overruns its timeout is recorded timed out instead (its attempt counts, as it would
+        have when its thread returned): released, a handler that always hangs would run
+        again and again. A sync handler's thread cannot be stopped: it is abandoned, logged
+        (``task.abandoned``), and ends with the process."""
         leftovers = [r for r in self._slots.running.values() if not r.released]
         if not leftovers:
             return
         for r in leftovers:
             r.released = True
             r.ctx.stop()
+        overrunning = [r for r in leftovers if r.ctx.overrunning_since is not None]
+        held = [r for r in leftovers if r.ctx.overrunning_since is None]
         if self._processes is not None:  # their children dead first: none may run on
             await self._processes.terminate({r.task.id for r in leftovers})
-        leases = [r.task.lease for r in leftovers]
-        released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
-        for r in leftovers:
+        leases = [r.task.lease for r in held]
+        released: set[Any] = set()
+        if leases:
+            released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+        for r in held:
             event(
                 "task.released",
                 task_id=r.task.id,
@@ -348,5 +392,31 @@ class Worker:
                 attempt=r.task.attempts,
                 released=r.task.id in released,
             )
+            if not r.recording and self._runs_in_a_thread(r):
+                _abandoned(r)
+        # Last, so that a retry (after its backoff) finds this process gone, the thread with it.
+        for r in overrunning:
+            await self._runner.record_abandoned(r)
+        for r in leftovers:
             if r.job is not None:
                 r.job.cancel()
+
+    def _runs_in_a_thread(self, running: Running) -> bool:
+        handler = self.registry.get(running.task.type)
+        if handler is None or handler.is_async:
+            return False
+        return self._processes is None or not self._processes.takes(handler)
+
+
+def _abandoned(running: Running) -> None:
+    """A sync handler still running as the worker exits: its thread cannot be stopped; the
+    process's exit ends it."""
+    event(
+        "task.abandoned",
+        logging.WARNING,
+        task_id=running.task.id,
+        type=running.task.type,
+        attempt=running.task.attempts,
+        running_s=round(time.monotonic() - running.started, 2),
+        note="its handler's thread is still running; the exit ends it",
+    )

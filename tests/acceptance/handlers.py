@@ -111,8 +111,10 @@ def span(payload: dict[str, Any], ctx: TaskContext) -> None:
 
 @tasks.handler("crash")
 def crash(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Ends its process after ``after`` seconds (0), with exit code ``code`` (1)."""
     record(ctx)
-    os._exit(1)  # the whole worker process dies, as with a segfault or an OOM kill
+    time.sleep(float(payload.get("after", 0)))  # the tasks claimed with it start meanwhile
+    os._exit(int(payload.get("code", 1)))  # the whole worker process dies, as with a segfault
 
 
 @tasks.handler("block")

@@ -50,11 +50,15 @@ def events(worker: WorkerProcess, name: str) -> list[dict[str, Any]]:
 
 def children_started(worker: WorkerProcess) -> dict[int, dict[str, Any]]:
     """The supervisor's children that have started their worker, by pid: the event of their
-    start (``worker.process_started``)."""
-    started = {e["worker"].split(":")[1] for e in events(worker, "worker.started")}
-    return {
-        e["pid"]: e for e in events(worker, "worker.process_started") if str(e["pid"]) in started
-    }
+    start (``worker.process_started``), which names the worker id the supervisor gave it."""
+    started = {e["worker"] for e in events(worker, "worker.started")}
+    return {e["pid"]: e for e in events(worker, "worker.process_started") if e["worker"] in started}
+
+
+def pids_of(worker: WorkerProcess, name: str) -> set[int]:
+    """The pids of the children whose worker logged the event ``name``."""
+    pid_of = {e["worker"]: e["pid"] for e in events(worker, "worker.process_started")}
+    return {pid_of[e["worker"]] for e in events(worker, name)}
 
 
 def drained_by_two_children(
@@ -123,9 +127,11 @@ def test_children_are_forked_each_with_its_own_connections_and_the_supervisor_ho
     ).fetchone()
     assert listening is not None and listening[0] == 2
     assert sockets_and_threads(supervisor.pid) == ([], 1)
-    # The logs name each child: its worker id carries its pid.
-    ids_by_pid = {int(e["worker"].split(":")[1]) for e in events(supervisor, "worker.started")}
-    assert ids_by_pid == set(children)
+    # The logs name each child: the worker id its supervisor gave it (HOST:PID:SLOT.N), which
+    # the supervisor's start event pairs with the child's pid.
+    assert pids_of(supervisor, "worker.started") == set(children)
+    prefix = f":{supervisor.pid}:"
+    assert sorted(e["worker"].partition(prefix)[2] for e in children.values()) == ["0.1", "1.2"]
     assert not events(supervisor, "worker.fork_unsafe")
 
     supervisor.proc.send_signal(signal.SIGTERM)
@@ -163,7 +169,8 @@ def test_a_forked_child_killed_with_sigkill_is_replaced_and_its_task_completes_e
     )
     rerun = task(db, blocked)
     assert rerun.attempts == 2 and rerun.result == {"attempt": 2}
-    assert "lease expired on attempt 1" in (rerun.last_error or "")
+    # Failed by the supervisor when it saw the child die, not by the lease sweep.
+    assert "worker process died: SIGKILL on attempt 1" in (rerun.last_error or "")
     [_, (_, rerun_by)] = executions(db, blocked)
     assert rerun_by != victim
 
@@ -189,10 +196,7 @@ def test_a_forked_child_killed_with_sigkill_is_replaced_and_its_task_completes_e
     )
     assert replacement[0]["start"] == "fork"
     wait_until(
-        lambda: (
-            str(replacement[0]["pid"])
-            in {e["worker"].split(":")[1] for e in events(supervisor, "worker.started")}
-        ),
+        lambda: replacement[0]["pid"] in pids_of(supervisor, "worker.started"),
         timeout=20,
         what="the replacement to start its worker",
         workers=workers,
@@ -237,7 +241,7 @@ def test_sigterm_to_the_supervisor_drains_every_forked_child(
     for task_id in waiting:
         untouched = task(db, task_id)
         assert (untouched.status, untouched.attempts) == ("queued", 0)
-    stopped = {int(e["worker"].split(":")[1]) for e in events(supervisor, "worker.stopped")}
+    stopped = pids_of(supervisor, "worker.stopped")
     assert stopped == children, "every child must stop its worker, not be killed"
     for pid in children:
         assert not Path(f"/proc/{pid}").exists(), f"child {pid} outlived its supervisor"

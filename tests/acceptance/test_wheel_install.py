@@ -79,7 +79,11 @@ def test_wheel_ships_the_alembic_migrations_and_the_named_sql(wheel: Path) -> No
 
     assert "pgqueue/_migrations/env.py" in names
     assert "pgqueue/_migrations/versions/0001_tasks.py" in names
-    assert "pgqueue/sql/tasks.sql" in names
+    # Every SQL file of the checkout: the statements' rooms and grants.sql.
+    sql_files = sorted((REPO / "pgqueue" / "sql").glob("*.sql"))
+    assert {f.name for f in sql_files} >= {"claiming.sql", "submitting.sql", "grants.sql"}
+    for path in sql_files:
+        assert f"pgqueue/sql/{path.name}" in names
     # Every revision of the checkout, not only the first one.
     for revision in sorted((REPO / "migrations" / "versions").glob("*.py")):
         assert f"pgqueue/_migrations/versions/{revision.name}" in names

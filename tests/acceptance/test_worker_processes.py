@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import pgqueue
 from pgqueue import migrate
@@ -350,18 +352,51 @@ def most_at_once(conn: psycopg.Connection[Any]) -> int:
     return int(rows[0] or 0)
 
 
+def slow_claims_of(conn: psycopg.Connection[Any], type_: str, seconds: float) -> None:
+    """Every claim of a ``type_`` task keeps its transaction open ``seconds`` longer per task
+    (a trigger on the claiming UPDATE sleeps), as on a loaded server: what other processes
+    claim meanwhile overlaps it, counting the running tasks and the recent starts before this
+    claim commits. Only the limits lock (one claimer of limited tasks at a time) keeps such
+    claims within a limit together. Without the sleep, whether they overlap is up to the
+    scheduler; with it, nearly every claim made while the limit is full overlaps another."""
+    conn.execute(
+        sql.SQL(
+            """
+            CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+            CREATE TRIGGER slow_claim AFTER UPDATE OF status ON pgqueue.tasks FOR EACH ROW
+             WHEN (OLD.status = 'queued' AND NEW.status = 'running' AND NEW.type = {type})
+             EXECUTE FUNCTION slow_claim();
+            """
+        ).format(seconds=sql.Literal(seconds), type=sql.Literal(type_))
+    )
+
+
+LIMIT_QUEUES = ("q0", "q1", "q2")
+
+
 @pytest.mark.slow
 def test_a_type_limit_holds_across_three_worker_processes_and_other_types_flow(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    """max_running=3 for one type, three worker processes with 2 slots each: no process can
-    run 3 alone, so reaching 3 at once takes several, and the limit is in the database, so
-    together they never run more than 3 of that type; other types are not held back by it."""
+    """max_running=3 for one type, three worker processes with 2 slots each, each serving a
+    queue of its own where tasks of that type wait: no process can run 3 alone, so reaching 3
+    at once takes several, and the limit is in the database, so together they never run more
+    than 3 of that type, as the handlers see it (their spans); other types are not held back.
+    The processes serve different queues so that claims overlapping in time pick different
+    rows (claimers of one queue pick the same first rows and skip each other's), and the
+    claims are slowed so that they do overlap."""
     pgqueue.set_limit(db, type="span", max_running=3)
-    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.3}} for _ in range(24)))
-    others = enqueue(db, *({"type": "noop"} for _ in range(60)))
+    slow_claims_of(db, "span", 0.1)
+    queues = itertools.cycle(LIMIT_QUEUES)
+    limited = enqueue(
+        db,
+        *({"type": "span", "queue": next(queues), "payload": {"seconds": 0.3}} for _ in range(24)),
+    )
+    others = enqueue(db, *({"type": "noop", "queue": next(queues)} for _ in range(60)))
     started = [
-        workers.start(database_url, "--concurrency", "2", *FAST, name=f"w{i}") for i in range(3)
+        workers.start(database_url, "--queue", queue, "--concurrency", "2", *FAST, name=queue)
+        for queue in LIMIT_QUEUES
     ]
 
     wait_until(
@@ -380,20 +415,29 @@ def test_a_type_limit_holds_across_three_worker_processes_and_other_types_flow(
         alive=started,
     )
     assert count(db, "SELECT count(*) FROM spans") == len(limited), "each ran once"
-    assert most_at_once(db) == 3
+    assert most_at_once(db) == 3, "the most spans of the limited type that overlapped"
+    assert count(db, "SELECT count(DISTINCT pid) FROM spans") == 3
 
 
 @pytest.mark.slow
 def test_a_rate_limit_holds_across_three_worker_processes(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    """rate 4 per second for one type and three worker processes of one slot, each task 0.4 s:
-    no process can start 4 a second alone, so a window of 4 takes several; no one-second
-    window holds more than 4 claims, and the 20 tasks take about 4 s, not a burst."""
+    """rate 4 per second for one type and three worker processes of one slot, each serving a
+    queue of its own where tasks of that type wait, each task 0.4 s: no process can start 4 a
+    second alone, so a window of 4 takes several; no one-second window holds more than 4
+    claims, and the 20 tasks take about 4 s, not a burst. Claims are slowed so that they
+    overlap (see the type limit's test above)."""
     pgqueue.set_limit(db, type="span", rate=4, per=1)
-    limited = enqueue(db, *({"type": "span", "payload": {"seconds": 0.4}} for _ in range(20)))
+    slow_claims_of(db, "span", 0.1)
+    queues = itertools.cycle(LIMIT_QUEUES)
+    limited = enqueue(
+        db,
+        *({"type": "span", "queue": next(queues), "payload": {"seconds": 0.4}} for _ in range(20)),
+    )
     started = [
-        workers.start(database_url, "--concurrency", "1", *FAST, name=f"w{i}") for i in range(3)
+        workers.start(database_url, "--queue", queue, "--concurrency", "1", *FAST, name=queue)
+        for queue in LIMIT_QUEUES
     ]
 
     wait_until(
@@ -518,9 +562,13 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
     """Nothing announces that a scheduled task has become due: an idle worker must find it by
-    polling, at its default interval (0.4 to 0.6 s). On an idle machine that is within a
-    second (the lateness is printed); the bound asserted is five polls, which a busy machine
-    meets too and a worker that did not poll (or polled at 30 s) does not."""
+    polling, at its default interval (0.4 to 0.6 s). On an idle machine every task starts
+    within a poll of its time (the lateness is printed); a worker stalled for a second or two
+    on a loaded machine makes the tasks that fell due meanwhile that much later. So the nine
+    tasks fall due half a second apart, over four seconds, and the typical one (the median)
+    must start within three polls (1.5 s), which a stall or two leaves alone, and every one
+    within ten (5 s). A worker that did not poll, or polled ten times less often (its median
+    task then waits 2 s or more), does not meet them."""
     worker = workers.start(database_url, "--log-format", "json", name="w")
     wait_until(
         lambda: count(db, "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN pgqueue'"),
@@ -529,7 +577,7 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
         workers=workers,
         alive=[worker],
     )
-    ids = enqueue(db, *({"type": "noop", "delay": 1.0 + i / 4} for i in range(5)))
+    ids = enqueue(db, *({"type": "noop", "delay": 1.0 + i / 2} for i in range(9)))
     wait_until(
         lambda: all_in_status(db, ids, "completed"),
         timeout=30,
@@ -537,15 +585,16 @@ def test_scheduled_tasks_start_within_a_few_polls_of_their_time_with_default_set
         workers=workers,
         alive=[worker],
     )
-    lateness = [
-        row[0]
+    lateness = sorted(
+        float(row[0])
         for row in db.execute(
             "SELECT extract(epoch FROM started_at - visible_after) FROM pgqueue.tasks"
             " WHERE id = ANY(%s)",
             (ids,),
         ).fetchall()
-    ]
-    assert all(0 <= late < 3.0 for late in lateness), lateness
+    )
+    assert lateness[0] >= 0 and lateness[-1] < 5.0, lateness
+    assert statistics.median(lateness) < 1.5, lateness
     print(f"scheduled task lateness (s): {sorted(round(float(x), 3) for x in lateness)}")
 
 
@@ -554,7 +603,11 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
     """Every worker runs the scheduler; the schedule row's lock and its last tick make each
-    tick one task: consecutive seconds, no gap, no second task for any of them."""
+    tick one task, never two, and ticks one second apart while any scheduler is on time. A
+    tick that passes while all three are stalled (a loaded machine) is skipped by design (no
+    catch-up: only the newest due tick is enqueued), so the test waits for six ticks in a row
+    rather than asserting that no second was ever skipped; ticks lost by a scheduler on time
+    (every other one, say) never make six in a row."""
     procs = [
         workers.start(
             database_url,
@@ -564,10 +617,29 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
         )
         for i in range(3)
     ]
+
+    def ticks(status: str | None = None) -> list[datetime]:
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT visible_after FROM pgqueue.tasks WHERE type = 'beat'"
+                " AND (%s::text IS NULL OR status = %s) ORDER BY visible_after",
+                (status, status),
+            ).fetchall()
+        ]
+
+    def in_a_row(times: list[datetime]) -> int:
+        """The longest run of ticks one second apart."""
+        longest = run = min(len(times), 1)
+        for a, b in itertools.pairwise(times):
+            run = run + 1 if (b - a).total_seconds() == 1.0 else 1
+            longest = max(longest, run)
+        return longest
+
     wait_until(
-        lambda: count(db, "SELECT count(*) FROM pgqueue.tasks WHERE status = 'completed'") >= 6,
+        lambda: in_a_row(ticks("completed")) >= 6,
         timeout=60,
-        what="six ticks to be enqueued and run",
+        what="six ticks in a row to be enqueued and run",
         workers=workers,
         alive=procs,
     )
@@ -576,17 +648,12 @@ def test_three_worker_processes_enqueue_each_tick_of_a_per_second_schedule_once(
     for proc in procs:
         wait_for_exit(proc, timeout=30)
 
-    ticks = [
-        r[0]
-        for r in db.execute(
-            "SELECT visible_after FROM pgqueue.tasks WHERE type = 'beat' ORDER BY visible_after"
-        ).fetchall()
-    ]
-    gaps = {(b - a).total_seconds() for a, b in itertools.pairwise(ticks)}
-    assert len(ticks) >= 6 and gaps == {1.0}, ticks
+    every = ticks()
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(every)]
+    assert all(gap >= 1 and gap.is_integer() for gap in gaps), every  # 0: a tick twice
     enqueued = [e for p in procs for e in p.events() if e["event"] == "schedule.enqueued"]
-    assert len(enqueued) == len(ticks), "a tick was enqueued by two schedulers"
-    assert len({e["task_id"] for e in enqueued}) == len(ticks)
+    assert len(enqueued) == len(every), "a tick was enqueued by two schedulers"
+    assert len({e["task_id"] for e in enqueued}) == len(every)
 
 
 # --- 2. kill -9 mid-task ----------------------------------------------------------------------
@@ -665,7 +732,8 @@ def test_task_that_kills_its_process_is_dead_lettered_while_the_supervisor_resta
 
     dead = task(db, crasher)
     assert (dead.attempts, dead.max_attempts) == (2, 2)
-    assert "lease expired on attempt 2 of 2" in (dead.last_error or "")
+    # Failed by the supervisor when it saw the child die, not by the lease sweep.
+    assert "worker process exited with code 1 on attempt 2 of 2" in (dead.last_error or "")
     runs = executions(db, crasher)
     assert [attempt for attempt, _ in runs] == [1, 2]
     crashed_pids = {pid for _, pid in runs}
@@ -681,9 +749,19 @@ def test_task_that_kills_its_process_is_dead_lettered_while_the_supervisor_resta
         workers=workers,
     )
     assert all(exited[pid]["exit_code"] == 1 for pid in crashed_pids)
-    events = supervisor.events()
-    started = [e["pid"] for e in events if e["event"] == "worker.process_started"]
-    assert len(started) >= 2 + len(crashed_pids), "each dead child was replaced by a new one"
+
+    def started() -> list[int]:
+        return [e["pid"] for e in supervisor.events() if e["event"] == "worker.process_started"]
+
+    # The last death may be moments old (its tasks are failed as the child is seen dead,
+    # before its replacement starts): wait for that replacement too.
+    wait_until(
+        lambda: len(started()) >= 2 + len(crashed_pids),
+        timeout=10,
+        what="each dead child to be replaced by a new one",
+        workers=workers,
+        alive=[supervisor],
+    )
 
     supervisor.proc.send_signal(signal.SIGTERM)
     code, _ = wait_for_exit(supervisor, 30)
@@ -1002,9 +1080,12 @@ def test_worker_warns_at_start_exactly_when_the_server_has_autovacuum_off(
 def test_task_running_three_times_longer_than_its_lease_runs_once(
     db: psycopg.Connection[Any], database_url: str, workers: Workers
 ) -> None:
-    settings = ("--concurrency", "2", "--lease-seconds", "1")
+    """A 4 s lease, renewed every third of it, survives the worker stalling for a second or
+    two on a loaded machine; the task runs 12.5 s, over three leases, beside a second worker
+    whose maintenance would take back a lease left to expire."""
+    settings = ("--concurrency", "2", "--lease-seconds", "4")
     settings += ("--poll-interval", "0.2", "--sweep-interval", "0.2")
-    (long_task,) = enqueue(db, {"type": "sleep", "payload": {"seconds": 3.5}})
+    (long_task,) = enqueue(db, {"type": "sleep", "payload": {"seconds": 12.5}})
     a = workers.start(database_url, *settings, name="a")
     b = workers.start(database_url, *settings, name="b")
 
@@ -1016,12 +1097,12 @@ def test_task_running_three_times_longer_than_its_lease_runs_once(
             expiries.add(t.lease_expires_at)
         return t.status != "running" and t.status != "queued"
 
-    wait_until(finished, timeout=40, what="the long task to finish", workers=workers, alive=[a, b])
+    wait_until(finished, timeout=60, what="the long task to finish", workers=workers, alive=[a, b])
 
     done = task(db, long_task)
     assert (done.status, done.attempts) == ("completed", 1)
     assert done.result is not None and done.result["stopped"] is False
-    assert done.result["slept"] >= 3.5
+    assert done.result["slept"] >= 12.5
     assert len(executions(db, long_task)) == 1, "the task ran more than once"
     assert len(expiries) >= 3, f"the heartbeat should have renewed the lease ({expiries})"
     assert "task.lease_lost" not in a.stderr() + b.stderr()

@@ -351,6 +351,31 @@ def row(page: Any, container: str, task_id: uuid.UUID) -> Any:
 # --- the tests -------------------------------------------------------------------------------
 
 
+def test_the_running_list_marks_a_task_running_past_its_types_timeout(page, server, seeded, conn):
+    """A running task older than its type's declared timeout (a sync handler's thread its
+    worker waits for) is marked overrunning; the seeded one, with no timeout, is not."""
+    from pgqueue.queries import TypeDeclaration, run, task_types_declare
+
+    run(conn, task_types_declare(WORKER, [TypeDeclaration("video.thumbnail", timeout=30)]))
+    two_minutes_ago = datetime.now(UTC) - timedelta(minutes=2)
+    (stuck,) = pgqueue.enqueue_many(
+        conn, [{"type": "video.thumbnail", "queue": "thumbs"}], now=two_minutes_ago
+    )
+    pgqueue.claim(
+        conn, ["thumbs"], limit=1, worker_id=WORKER, lease_seconds=600, now=two_minutes_ago
+    )
+
+    sign_in(page, server)
+
+    started = row(page, "running", stuck.id).locator('[data-col="started"]')
+    expect(started.locator('[data-field="overrunning"]')).to_have_text(
+        "overrunning its 30s timeout"
+    )
+    seeded_started = row(page, "running", seeded.running).locator('[data-col="started"]')
+    expect(seeded_started).to_be_visible()
+    expect(seeded_started.locator('[data-field="overrunning"]')).to_have_count(0)
+
+
 def test_without_a_token_the_page_asks_for_one_and_shows_no_data(page, server, seeded):
     page.goto(f"{server.base}/dashboard")
 

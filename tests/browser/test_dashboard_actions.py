@@ -206,8 +206,24 @@ def test_cancelling_a_queued_task_from_its_page(
 
 
 def test_cancelling_a_running_task_asks_its_handler_to_stop(
-    page: Any, server: Server, seeded: Seeded, conn: psycopg.Connection[Any]
+    page: Any, server: Server, seeded: Seeded, conn: psycopg.Connection[Any], connect: Any
 ) -> None:
+    """The task stays running under its lease, flagged, and the worker holding it is told at
+    once: a notification on pgqueue_cancel naming it and the task."""
+
+    def state() -> tuple[Any, ...]:
+        found = conn.execute(
+            "SELECT status, cancel_requested, finished_at, lease_owner, lease_token"
+            " FROM pgqueue.tasks WHERE id = %s",
+            (seeded.running,),
+        ).fetchone()
+        assert found is not None
+        return tuple(found)
+
+    status, requested, finished, owner, token = state()
+    assert (status, requested, finished, owner) == ("running", False, None, dashboard.WORKER)
+    listener = connect()
+    listener.execute("LISTEN pgqueue_cancel")
     sign_in(page, server, f"#/tasks/{seeded.running}")
 
     page.click('#task button[data-action="cancel"]')
@@ -215,11 +231,11 @@ def test_cancelling_a_running_task_asks_its_handler_to_stop(
     page.click("#confirm-ok")
 
     expect(page.locator("#notice")).to_contain_text("still running until its handler does")
-    row_ = conn.execute(
-        "SELECT status, cancel_requested FROM pgqueue.tasks WHERE id = %s", (seeded.running,)
-    )
-    wait_until(lambda: bool(pgqueue.get_task(conn, seeded.running).cancel_requested), 20, "it")
-    assert row_.fetchone() is not None
+    wait_until(lambda: state()[1], 20, "the cancel to be requested")
+    assert state() == ("running", True, None, owner, token), "still running, under its lease"
+    told = [n.payload for n in listener.notifies(timeout=20, stop_after=1)]
+    assert told == [f"{dashboard.WORKER} {seeded.running}"]
+    expect(page.locator('#task [data-field="status"]')).to_have_text("running")
     expect(page.locator('#task [data-field="cancel"]')).to_have_text("yes")
 
 

@@ -1554,3 +1554,23 @@ def test_the_api_works_mounted_inside_another_asgi_app(database_url):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_a_running_task_carries_its_types_declared_timeout_to_show_an_overrun(client, conn):
+    """The dashboard marks a task running longer than its type's timeout (its worker holds it
+    while the handler's thread runs on): list and get give the timeout while it runs."""
+    from pgqueue.queries import TypeDeclaration, run, task_types_declare
+
+    run(conn, task_types_declare("w", [TypeDeclaration("timed", timeout=2.5)]))
+    timed = pgqueue.enqueue(conn, "timed", {}, queue="overrun").id
+    untimed = pgqueue.enqueue(conn, "slow", {}, queue="overrun").id
+    queued = pgqueue.enqueue(conn, "timed", {}, queue="overrun-later").id
+    assert len(pgqueue.claim(conn, ["overrun"], limit=2, worker_id="test-worker")) == 2
+
+    listed = client.get("/api/v1/tasks", params={"queue": "overrun", "status": "running"})
+    assert listed.status_code == 200, listed.text
+    by_id = {item["task_id"]: item["timeout_seconds"] for item in listed.json()["items"]}
+    assert by_id == {str(timed): 2.5, str(untimed): None}
+    assert client.get(f"/api/v1/tasks/{timed}").json()["timeout_seconds"] == 2.5
+    # Only while it runs: a queued task of the type has none.
+    assert client.get(f"/api/v1/tasks/{queued}").json()["timeout_seconds"] is None

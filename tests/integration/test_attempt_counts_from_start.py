@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 import pgqueue
-from pgqueue import queries
+from pgqueue.queries import claiming, driver
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 LEASE = 30.0
@@ -23,15 +23,17 @@ def worker_claim(
 ) -> pgqueue.ClaimedTask:
     """Claim one task as a worker does: its row of start marks first (a worker writes it at
     its first claim), the claim not yet marked started."""
-    queries.run(conn, queries.lease_starts_mark(owner, started=False, now=now))
-    op = queries.claim_round(queues=["default"], limit=1, owner=owner, lease_seconds=LEASE, now=now)
-    (task,), _ = queries.run(conn, op, atomic=True)
+    driver.run(conn, claiming.lease_starts_mark(owner, started=False, now=now))
+    op = claiming.claim_round(
+        queues=["default"], limit=1, owner=owner, lease_seconds=LEASE, now=now
+    )
+    (task,), _ = driver.run(conn, op, atomic=True)
     return task
 
 
 def mark_started(conn: psycopg.Connection[Any], now: datetime, owner: str = "w") -> None:
     """What a worker does between its claim and its handlers."""
-    queries.run(conn, queries.lease_starts_mark(owner, now=now))
+    driver.run(conn, claiming.lease_starts_mark(owner, now=now))
 
 
 def row(conn: psycopg.Connection[Any], task_id: Any) -> tuple[Any, ...]:
@@ -100,9 +102,11 @@ def test_a_mark_covers_the_claims_before_it_and_none_after(conn: psycopg.Connect
     worker_claim(conn, T0)
     mark_started(conn, T0)
     later = T0 + timedelta(milliseconds=5)
-    queries.run(
+    driver.run(
         conn,
-        queries.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=LEASE, now=later),
+        claiming.claim_round(
+            queues=["default"], limit=1, owner="w", lease_seconds=LEASE, now=later
+        ),
         atomic=True,
     )
 
@@ -114,9 +118,9 @@ def test_a_mark_covers_the_claims_before_it_and_none_after(conn: psycopg.Connect
 def test_a_lost_lease_of_an_owner_without_marks_is_counted(conn: psycopg.Connection[Any]) -> None:
     """A worker from before start marks existed (or whose row was pruned): the safe side."""
     task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
-    queries.run(
+    driver.run(
         conn,
-        queries.claim_round(queues=["default"], limit=1, owner="old", lease_seconds=LEASE, now=T0),
+        claiming.claim_round(queues=["default"], limit=1, owner="old", lease_seconds=LEASE, now=T0),
         atomic=True,
     )
     sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
@@ -128,7 +132,7 @@ def test_a_mark_never_moves_back(conn: psycopg.Connection[Any]) -> None:
     task_id = pgqueue.enqueue(conn, "job", {}, max_attempts=1, now=T0).id
     worker_claim(conn, T0)
     mark_started(conn, T0)
-    queries.run(conn, queries.lease_starts_mark("w", started=False, now=T0))
+    driver.run(conn, claiming.lease_starts_mark("w", started=False, now=T0))
     sweep = pgqueue.sweep_expired(conn, now=T0 + timedelta(seconds=LEASE + 1))
     assert sweep.dead == [task_id]
 
@@ -138,10 +142,10 @@ def test_marks_of_owners_gone_for_an_hour_are_pruned_and_others_kept(
 ) -> None:
     pgqueue.enqueue(conn, "job", {}, now=T0)
     worker_claim(conn, T0, owner="busy")  # holds a lease: kept however old
-    queries.run(conn, queries.lease_starts_mark("gone", now=T0))
-    queries.run(conn, queries.lease_starts_mark("recent", now=T0 + timedelta(minutes=30)))
+    driver.run(conn, claiming.lease_starts_mark("gone", now=T0))
+    driver.run(conn, claiming.lease_starts_mark("recent", now=T0 + timedelta(minutes=30)))
 
-    pruned = queries.run(conn, queries.lease_starts_prune(now=T0 + timedelta(minutes=61)))
+    pruned = driver.run(conn, claiming.lease_starts_prune(now=T0 + timedelta(minutes=61)))
 
     assert pruned == 1
     owners = {r[0] for r in conn.execute("SELECT owner FROM pgqueue.lease_starts")}

@@ -92,6 +92,43 @@ def test_claim_is_fifo_by_created_at_within_one_priority(conn):
     assert order == [by_offset[off] for off in sorted(offsets)]
 
 
+def test_a_claim_of_two_queues_takes_each_priority_across_both_before_the_next(conn):
+    """Queue "alpha" holds low and normal tasks, queue "beta" high ones, created interleaved
+    (a low one first, a high one last), and "alpha" is named first and sorts first: claims of
+    both queues in batches smaller than the backlog take every high task before any normal
+    one and every normal before any low, first in first out within a level, whichever queue
+    holds them. A claim ordered by queue, or by age alone, takes alpha's or the oldest first."""
+    pattern = [
+        ("alpha", "low"),
+        ("beta", "high"),
+        ("alpha", "normal"),
+        ("alpha", "low"),
+        ("beta", "high"),
+        ("alpha", "normal"),
+        ("beta", "high"),
+        ("alpha", "low"),
+        ("alpha", "normal"),
+    ]
+    names = {}  # each task by its queue, priority and place in the creation order
+    for i, (queue, prio) in enumerate(pattern):
+        task = pgqueue.enqueue(conn, "job", {}, queue=queue, priority=prio, now=T0 + seconds(i))
+        names[task.id] = f"{queue} {prio} #{i}"
+
+    batches = []
+    while batch := pgqueue.claim(
+        conn, ["alpha", "beta"], limit=2, worker_id="w", now=T0 + seconds(60)
+    ):
+        batches.append([names[t.id] for t in batch])
+
+    assert batches == [
+        ["beta high #1", "beta high #4"],
+        ["beta high #6", "alpha normal #2"],
+        ["alpha normal #5", "alpha normal #8"],
+        ["alpha low #0", "alpha low #3"],
+        ["alpha low #7"],
+    ]
+
+
 def test_limited_claim_takes_the_oldest_tasks_first(conn):
     ids = [pgqueue.enqueue(conn, "job", {}, now=T0 + seconds(i)).id for i in range(6)]
 

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 import pgqueue
-from pgqueue import queries
+from pgqueue.queries import claiming, driver
 
 
 def commit_waits_for_flush(conn: psycopg.Connection[Any]) -> bool:
@@ -28,8 +28,8 @@ def durable_session(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
 
 
 def claim(conn: psycopg.Connection[Any], owner: str = "w") -> pgqueue.ClaimedTask:
-    (task,) = queries.run(
-        conn, queries.task_claim(queues=["default"], limit=1, owner=owner, lease_seconds=30)
+    (task,) = driver.run(
+        conn, claiming.task_claim(queues=["default"], limit=1, owner=owner, lease_seconds=30)
     )
     return task
 
@@ -55,8 +55,8 @@ def test_the_limited_claim_commits_without_waiting_for_the_flush(
     pgqueue.enqueue(conn, "limited", {})
     worker = durable_session(connect(autocommit=False))
 
-    op = queries.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=30)
-    (task,), _ = queries.run(worker, op)
+    op = claiming.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=30)
+    (task,), _ = driver.run(worker, op)
     assert task.type == "limited"  # claimed through task_claim_limited
     assert not commit_waits_for_flush(worker)
     worker.rollback()
@@ -64,7 +64,7 @@ def test_the_limited_claim_commits_without_waiting_for_the_flush(
 
 def test_the_start_mark_commits_without_waiting_for_the_flush(connect: Any) -> None:
     worker = durable_session(connect(autocommit=False))
-    queries.run(worker, queries.lease_starts_mark("w"))
+    driver.run(worker, claiming.lease_starts_mark("w"))
     assert not commit_waits_for_flush(worker)
     worker.rollback()
 

@@ -16,16 +16,16 @@ from typing import Any
 import psycopg
 
 import pgqueue
-from pgqueue import queries
-from pgqueue.queries import ClaimStarts as Starts
+from pgqueue.queries import claiming, driver, leased
+from pgqueue.queries.claiming import ClaimStarts as Starts
 from pgqueue.worker.claim_starts import ClaimStarts
 
 BATCH = 100
 TASKS = 30_000
 
 
-def claim_op(starts: Starts | None) -> queries.Op[list[pgqueue.ClaimedTask]]:
-    return queries.task_claim(
+def claim_op(starts: Starts | None) -> driver.Op[list[pgqueue.ClaimedTask]]:
+    return claiming.task_claim(
         queues=["default"], limit=BATCH, owner="w", lease_seconds=30, starts=starts
     )
 
@@ -35,10 +35,10 @@ def walk_buffers(conn: psycopg.Connection[Any], starts: Starts | None) -> int:
     and the heap rows they check, not the update of the rows claimed), found by running the
     claim and rolling it back."""
     query = next(claim_op(starts))
-    assert isinstance(query, queries.Query)
+    assert isinstance(query, driver.Query)
     with conn.transaction(force_rollback=True):
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.statements()[query.name],
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + driver.statements()[query.name],
             query.params,
         ).fetchone()
     assert row is not None
@@ -70,7 +70,7 @@ def test_claims_cost_the_same_after_30000_tasks_while_a_snapshot_is_pinned(
         given = starts.next()
         if done == 1_000:
             first, from_start_first = walk_buffers(conn, given), walk_buffers(conn, None)
-        claimed = queries.run(conn, claim_op(given))
+        claimed = driver.run(conn, claim_op(given))
         starts.claimed(claimed, starts=given, seconds=0.001)
         pgqueue.complete_many(conn, [(t.lease, None) for t in claimed])
         done += len(claimed)
@@ -100,16 +100,16 @@ def test_writes_by_lease_look_each_row_up_by_id_while_a_snapshot_is_pinned(
     conn.execute("ANALYZE pgqueue.tasks")
 
     writes = {
-        "task_heartbeat": queries.task_heartbeat(leases, 30),
-        "task_complete": queries.task_complete_many([(lease, None) for lease in leases]),
-        "task_release": queries.task_release(leases),
+        "task_heartbeat": leased.task_heartbeat(leases, 30),
+        "task_complete": leased.task_complete_many([(lease, None) for lease in leases]),
+        "task_release": leased.task_release(leases),
     }
     for name, op in writes.items():
         query = next(op)
-        assert isinstance(query, queries.Query) and query.name == name
+        assert isinstance(query, driver.Query) and query.name == name
         with conn.transaction(force_rollback=True):
             rows = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + queries.statements()[name],
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + driver.statements()[name],
                 query.params,
             ).fetchone()
         assert rows is not None

@@ -243,39 +243,57 @@ def test_a_refused_batch_writes_none_of_its_tasks_in_the_callers_transaction(
 # --- a chord's fan-in across buckets (issue 16) -----------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_fan_in_of_130_parents_releases_the_child_once_after_the_last(
-    connect: Any, seed: int
+@pytest.mark.parametrize("order", [(0, 1, 2), (1, 2, 0), (2, 0, 1)])
+def test_a_fan_in_of_130_parents_waits_for_every_bucket_and_releases_the_child_once(
+    connect: Any, order: tuple[int, int, int]
 ) -> None:
-    """130 parents (three buckets of 64) completed in a shuffled order in 8 transactions:
-    the child waits through every one but the last, is released in the last, and only once
-    (one wake-up of its queue, claimed once)."""
+    """130 parents make three buckets (64 parents at most to a bucket, dealt by position
+    modulo the number of buckets: positions 0, 3, 6, ... share one; 44, 43 and 43 parents).
+    They are completed so that the buckets empty at different times (each bucket in each
+    role once, over the three orders): one bucket emptied while the others are still open,
+    then a second while the third keeps one parent, then that last parent, each bucket's
+    parents in a shuffled order. The child's count of open buckets follows (3, 2, 1, 0): it
+    waits through every transaction but the last, is released in the transaction of the
+    last, and only once (one wake-up of its queue, claimed once)."""
     conn = connect()
     members = [pgqueue.prepare("member", {"n": n}) for n in range(130)]
     callback = pgqueue.prepare("callback", {}, queue="callbacks", depends_on=members)
     pgqueue.enqueue_many(conn, [*members, callback])
     listener = connect()
     listener.execute("LISTEN pgqueue")
-    leases = []
+    leases = {}
     while batch := claim(conn):
-        leases.extend(t.lease for t in batch)
-    assert sorted(lease.task_id for lease in leases) == sorted(m.id for m in members)
-    random.Random(seed).shuffle(leases)
-    chunks = [leases[i : i + 17] for i in range(0, len(leases), 17)]
-    assert len(chunks) == 8
+        leases.update((t.id, t.lease) for t in batch)
+    assert sorted(leases) == sorted(m.id for m in members)
+    buckets = [[m.id for m in members[b::3]] for b in range(3)]
+    assert [len(b) for b in buckets] == [44, 43, 43]
+    rng = random.Random(order[0])
+    first, second, third = (rng.sample(buckets[b], len(buckets[b])) for b in order)
+    # Each step in transactions of at most 17 completions.
+    middle = second + third[:-1]
+    steps = [first[:-1], first[-1:], rng.sample(middle, len(middle)), third[-1:]]
+    transactions = [step[i : i + 17] for step in steps for i in range(0, len(step), 17)]
 
     writer = connect(autocommit=False)
-    for i, chunk in enumerate(chunks):
-        done = pgqueue.complete_many(writer, [(lease, lease.task_id.hex) for lease in chunk])
-        assert done == {lease.task_id for lease in chunk}
-        last = i == len(chunks) - 1
+    done: set[uuid.UUID] = set()
+    open_seen = []
+    for chunk in transactions:
+        completed = pgqueue.complete_many(writer, [(leases[i], i.hex) for i in chunk])
+        assert completed == set(chunk)
+        done.update(chunk)
+        still_open = sum(not done.issuperset(b) for b in buckets)
+        expected = (TaskStatus.WAITING if still_open else TaskStatus.QUEUED, still_open)
         # Released (or not) in the transaction of the completions themselves.
-        expected = TaskStatus.QUEUED if last else TaskStatus.WAITING
-        assert status(writer, callback.id) is expected
+        child = pgqueue.get_task(writer, callback.id)
+        assert (child.status, child.parents_pending) == expected, f"{len(done)} parents done"
         writer.commit()
-        assert status(conn, callback.id) is expected
-        if not last:
+        child = pgqueue.get_task(conn, callback.id)
+        assert (child.status, child.parents_pending) == expected, f"{len(done)} parents done"
+        if still_open:
             assert pgqueue.claim(conn, ["callbacks"], limit=10, worker_id="w") == []
+        if still_open not in open_seen:
+            open_seen.append(still_open)
+    assert open_seen == [3, 2, 1, 0], "the buckets emptied one at a time"
 
     # Notifications arrive in commit order: once this one is read, every earlier one was.
     conn.execute("SELECT pg_notify('pgqueue', 'end of test')")

@@ -14,7 +14,8 @@ from psycopg.pq import TransactionStatus
 
 import pgqueue
 import pgqueue.aio
-from pgqueue import RetryPolicy, queries
+from pgqueue import RetryPolicy
+from pgqueue.queries import driver, task_types
 from pgqueue.registry import TaskRegistry
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -43,7 +44,7 @@ def declare_types(conn: Any) -> None:
     def declared(payload, ctx):
         return None
 
-    queries.run(conn, queries.task_types_declare("w1", tasks.declarations()))
+    driver.run(conn, task_types.task_types_declare("w1", tasks.declarations()))
 
 
 OPTIONS: dict[str, dict[str, Any]] = {

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 import pgqueue
-from pgqueue import queries
+from pgqueue.queries import driver, task_types
 from pgqueue.registry import TaskRegistry
 
 
@@ -31,7 +31,7 @@ def count_tasks(conn: psycopg.Connection[Any]) -> int:
 
 def declare(conn: psycopg.Connection[Any], tasks: TaskRegistry) -> None:
     """What a worker does at its start: record the registry in pgqueue.task_types."""
-    queries.run(conn, queries.task_types_declare("w1", tasks.declarations()))
+    driver.run(conn, task_types.task_types_declare("w1", tasks.declarations()))
 
 
 def receipts() -> tuple[TaskRegistry, Any, Any]:
@@ -400,7 +400,7 @@ def test_a_worker_calls_the_function_with_its_arguments_and_the_context(database
     }
     # The worker recorded the parameters (the context is not one of them).
     (row,) = [
-        r for r in queries.run(conn, queries.task_types_list()) if r["type"] == "with_context"
+        r for r in driver.run(conn, task_types.task_types_list()) if r["type"] == "with_context"
     ]
     assert row["parameters"] == {
         "parameters": [

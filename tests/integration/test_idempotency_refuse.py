@@ -25,9 +25,10 @@ from boundaries import Api, run_main, snapshot
 from psycopg import sql
 
 import pgqueue
-from pgqueue import aio, queries
+from pgqueue import aio
 from pgqueue.api import ApiSettings
 from pgqueue.models import KeyReuse
+from pgqueue.queries import driver, submitting
 
 KEY = "order-42:receipt"
 ORIGINAL = {"type": "send_receipt", "queue": "default", "payload": {"order": 42, "to": "a@x"}}
@@ -184,7 +185,7 @@ def test_key_reuse_is_accepted_in_any_case_as_priorities_are(conn):
 # --- the fast path costs nothing more ----------------------------------------------------------
 
 
-def recorded(op: queries.Op[Any], names: list[str]) -> Generator[Any, Any, Any]:
+def recorded(op: driver.Op[Any], names: list[str]) -> Generator[Any, Any, Any]:
     """``op``, noting the name of each statement it runs."""
     query = next(op)
     try:
@@ -201,7 +202,7 @@ def test_refuse_runs_no_statement_more_than_return_does(conn):
             fields["type"], fields["payload"], queue=fields["queue"], idempotency_key=key
         )
         names: list[str] = []
-        queries.run(conn, recorded(queries.task_insert(spec, key_reuse=key_reuse), names))
+        driver.run(conn, recorded(submitting.task_insert(spec, key_reuse=key_reuse), names))
         return names
 
     assert statements(ORIGINAL, KeyReuse.REFUSE) == ["task_insert"]  # a new key: one statement
@@ -212,8 +213,8 @@ def test_refuse_runs_no_statement_more_than_return_does(conn):
     def bulk(key_reuse: KeyReuse, keys: list[str]) -> list[str]:
         specs = [pgqueue.prepare("t", {"n": 1}, idempotency_key=k) for k in keys]
         names: list[str] = []
-        op = queries.task_insert_many(specs, key_reuse=key_reuse)
-        queries.run(conn, recorded(op, names), atomic=True)
+        op = submitting.task_insert_many(specs, key_reuse=key_reuse)
+        driver.run(conn, recorded(op, names), atomic=True)
         return names
 
     assert bulk(KeyReuse.REFUSE, ["b1", "b2"]) == ["task_insert_many", "queue_notify"]

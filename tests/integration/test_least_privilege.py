@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -30,6 +29,7 @@ from helpers import make_dead_letters
 from private_server import find_bindir, private_server
 from processes import BOOM_HANDLER, NOOP_HANDLERS, Worker, one_line_error, run_cli, wait_until
 from psycopg import sql
+from session_databases import database_name
 from typer.testing import CliRunner
 
 import pgqueue
@@ -534,7 +534,19 @@ def test_a_worker_process_as_the_app_role_drains_sweeps_and_reports_analyze_once
             return left == 0
 
         wait_until(settled, 60, "the worker to settle every task")
-        time.sleep(1.0)  # a few more maintenance rounds (every 0.2 s) with stale statistics
+        # Two more maintenance rounds after the last task, each looking at the statistics
+        # (still stale where ANALYZE was refused) before it sweeps: each round sweeps a lease
+        # that expired after the previous round's sweep.
+        for n in (1, 2):
+            probe = pgqueue.enqueue(app_conn, "noop", {}, queue="probes").id  # no worker's queue
+            pgqueue.claim(app_conn, ["probes"], limit=1, worker_id="dead-worker", lease_seconds=1)
+            wait_until(
+                lambda probe=probe: (
+                    worker.alive() and pgqueue.get_task(conn, probe).status is TaskStatus.QUEUED
+                ),
+                30,
+                f"maintenance round {n} after the last task to sweep an expired lease",
+            )
     finally:
         code = worker.stop()
     text = log.read_text()
@@ -810,7 +822,7 @@ def pg17_server_url(server_url: str) -> Iterator[str]:
 
 
 def test_on_postgresql_17_the_app_role_is_granted_maintain_and_analyzes(pg17_server_url, tmp_path):
-    name = f"pgqueue_t_{uuid.uuid4().hex[:12]}"
+    name = database_name("t")
     role = f"pgqueue_app_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg17_server_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

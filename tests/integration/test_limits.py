@@ -2,7 +2,7 @@
 
 A limit is a row in ``pgqueue.limits`` and every claim obeys it, so these tests hold claims
 from several sessions and threads to it, with the clock controlled where windows matter.
-Worker processes obeying one limit together are in tests/acceptance/test_limits_processes.py.
+Worker processes obeying one limit together are in tests/acceptance/test_worker_processes.py.
 """
 
 from __future__ import annotations
@@ -137,31 +137,75 @@ def test_a_paused_queue_stays_paused_for_limited_tasks(conn):
     assert len(claim(conn, queues=["mail"])) == 2
 
 
-def test_racing_claimers_in_threads_never_exceed_the_limit(conn, database_url):
-    enqueue(conn, "email", 40)
-    enqueue(conn, "report", 40)
+def test_claimers_whose_transactions_overlap_never_exceed_a_type_limit_together(conn, database_url):
+    """Six claimers in threads, each serving a queue of its own, one type limited across all
+    of them; each claims in its own transaction, and none commits until all have claimed. So
+    each one's statement counts the running tasks before the others' claims are visible and
+    picks other rows than they do (its own queue's): the limit holds only because one claimer
+    at a time may claim limited tasks (the limits lock). Claimers of one queue would pick the
+    same first rows and skip each other's, and so prove nothing about the lock. Five rounds,
+    the limited slots freed between them; the other claimers take ordinary work meanwhile
+    instead of waiting."""
+    claimers, rounds, batch = 6, 5, 4
+    queues = [f"q{n}" for n in range(claimers)]
+    for queue in queues:
+        enqueue(conn, "email", 3 * rounds, queue=queue)
+        enqueue(conn, "report", batch * rounds, queue=queue)
     pgqueue.set_limit(conn, type="email", max_running=3)
-    start = threading.Barrier(8)
-    claimed: list[pgqueue.ClaimedTask] = []
+    # The test's thread takes part in each step too; a timeout turns a stuck thread into a
+    # BrokenBarrierError instead of a hang.
+    all_claimed = threading.Barrier(claimers + 1, timeout=60)
+    all_committed = threading.Barrier(claimers + 1, timeout=60)
+    checked = threading.Barrier(claimers + 1, timeout=60)
+    steps = (all_claimed, all_committed, checked)
+    got: list[list[list[pgqueue.ClaimedTask]]] = [[] for _ in range(rounds)]
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
-    def claimer() -> None:
-        with psycopg.connect(database_url, autocommit=True) as mine:
-            start.wait()
-            for _ in range(15):
-                got = pgqueue.claim(mine, ["default"], limit=1, worker_id="t")
-                with lock:
-                    claimed.extend(got)
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as mine:
+                for round_ in range(rounds):
+                    with mine.transaction():
+                        mine_now = pgqueue.claim(mine, [queues[n]], limit=batch, worker_id=f"t{n}")
+                        with lock:
+                            got[round_].append(mine_now)
+                        all_claimed.wait()  # every claim made, none committed
+                    all_committed.wait()
+                    checked.wait()  # the test counted and freed the slots
+        except threading.BrokenBarrierError:
+            pass  # the test's thread gave up: it raises its own error
+        except BaseException as exc:
+            errors.append(exc)
+            for barrier in steps:
+                barrier.abort()
 
-    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    threads = [threading.Thread(target=claimer, args=(n,), daemon=True) for n in range(claimers)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(60)
-
-    assert types(claimed).count("email") == 3
-    assert types(claimed).count("report") == 40
-    assert running(conn, "email") == 3
+    try:
+        for round_ in range(rounds):
+            all_claimed.wait()
+            all_committed.wait()
+            emails = [t for batch_ in got[round_] for t in batch_ if t.type == "email"]
+            assert (len(emails), running(conn, "email")) == (3, 3), (
+                f"round {round_}: (claimed, running) email tasks, max_running 3"
+            )
+            assert [len(b) for b in got[round_]] == [batch] * claimers, (
+                f"round {round_}: every claimer fills its batch, with ordinary work if not limited"
+            )
+            for task in emails:
+                pgqueue.complete(conn, task.lease)
+            checked.wait()
+    except threading.BrokenBarrierError:
+        raise errors[0] if errors else AssertionError("a claimer got stuck") from None
+    except BaseException:
+        for barrier in steps:
+            barrier.abort()  # the claimers stop at their next step
+        raise
+    finally:
+        for t in threads:
+            t.join(60)
 
 
 def test_a_claim_in_an_open_transaction_holds_limited_claims_until_it_commits(conn, connect):

@@ -11,7 +11,7 @@ import asyncio
 import psycopg
 
 import pgqueue
-from pgqueue import queries
+from pgqueue.queries import claiming, driver
 from pgqueue.worker.maintenance import Maintenance
 
 
@@ -26,10 +26,10 @@ def analyze_count(conn) -> int:
 def claim_plan(conn) -> str:
     """The plan a worker gets: its statements are prepared, and PostgreSQL soon settles on a
     generic plan for them, chosen from the statistics alone."""
-    sql = queries.statements()["task_claim"]
-    # The worker's claim, its parameters as queries.task_claim builds them.
-    query = next(queries.task_claim(queues=["default"], limit=100, owner="w", lease_seconds=30))
-    assert isinstance(query, queries.Query)
+    sql = driver.statements()["task_claim"]
+    # The worker's claim, its parameters as claiming.task_claim builds them.
+    query = next(claiming.task_claim(queues=["default"], limit=100, owner="w", lease_seconds=30))
+    assert isinstance(query, driver.Query)
     params = query.params
     conn.execute("BEGIN")
     try:

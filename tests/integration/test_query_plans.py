@@ -5,8 +5,8 @@ first. A plan is a property of the data's size and shape, so these tests build o
 table (a 200,000-task backlog over three queues and three priorities, 200,000 finished tasks,
 1,000 running ones holding leases, 5,000 waiting on their parents), VACUUM ANALYZE it, and
 EXPLAIN the real statements: loaded with
-``queries.statements()`` and given the parameters the library's own operations build
-(``next(queries.task_claim(...))``), so a change to the SQL is what gets tested.
+``driver.statements()`` and given the parameters the library's own operations build
+(``next(claiming.task_claim(...))``), so a change to the SQL is what gets tested.
 
 Each statement is checked twice: as planned on its first run (a custom plan for these
 parameter values), and as planned once the server has settled on a plan for a prepared
@@ -32,9 +32,9 @@ import psycopg
 import pytest
 
 import pgqueue
-from pgqueue import queries
 from pgqueue.models import Lease, TaskStatus
 from pgqueue.operations import list_args
+from pgqueue.queries import claiming, dependencies, driver, leased, queues, stats, tasks
 
 Plan = dict[str, Any]
 
@@ -160,33 +160,33 @@ def running_leases(conn: psycopg.Connection[Any], n: int) -> list[Lease]:
 # --- explaining the library's own statements -------------------------------------------------
 
 
-def first_query(op: queries.Op[Any]) -> queries.Query:
+def first_query(op: driver.Op[Any]) -> driver.Query:
     """The statement an operation runs first, with the parameters it builds."""
     query = next(op)
-    assert isinstance(query, queries.Query), f"not a plain statement: {query!r}"
+    assert isinstance(query, driver.Query), f"not a plain statement: {query!r}"
     return query
 
 
-def all_queries(op: queries.Op[Any]) -> list[queries.Query]:
+def all_queries(op: driver.Op[Any]) -> list[driver.Query]:
     """Every statement an operation runs when each one finds nothing (so it goes on to the
     next: for prune, one statement per status)."""
-    out: list[queries.Query] = []
+    out: list[driver.Query] = []
     try:
         query = next(op)
         while True:
-            assert isinstance(query, queries.Query), f"not a plain statement: {query!r}"
+            assert isinstance(query, driver.Query), f"not a plain statement: {query!r}"
             out.append(query)
             query = op.send([])
     except StopIteration:
         return out
 
 
-def explain(conn: psycopg.Connection[Any], query: queries.Query, *, analyze: bool = False) -> Plan:
-    """EXPLAIN the statement as queries.run would execute it; ANALYZE runs it (the caller's
+def explain(conn: psycopg.Connection[Any], query: driver.Query, *, analyze: bool = False) -> Plan:
+    """EXPLAIN the statement as driver.run would execute it; ANALYZE runs it (the caller's
     transaction is rolled back by the fixture, and by us right here for writes)."""
     options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
     row = conn.execute(
-        f"EXPLAIN ({options}) {queries.statements()[query.name]}", query.params
+        f"EXPLAIN ({options}) {driver.statements()[query.name]}", query.params
     ).fetchone()
     conn.rollback()
     assert row is not None
@@ -194,7 +194,7 @@ def explain(conn: psycopg.Connection[Any], query: queries.Query, *, analyze: boo
     return dict(document[0])
 
 
-def explain_prepared(conn: psycopg.Connection[Any], query: queries.Query) -> Plan:
+def explain_prepared(conn: psycopg.Connection[Any], query: driver.Query) -> Plan:
     """The plan a prepared statement settles on (what a worker's connection runs once psycopg
     has prepared the statement): after five custom plans the server decides whether to keep
     planning per call or switch to a generic plan, and the sixth EXPLAIN EXECUTE shows the
@@ -206,7 +206,7 @@ def explain_prepared(conn: psycopg.Connection[Any], query: queries.Query) -> Pla
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
 
-    text = re.sub(r"%\((\w+)\)s", placeholder, queries.statements()[query.name])
+    text = re.sub(r"%\((\w+)\)s", placeholder, driver.statements()[query.name])
     conn.execute(f"PREPARE plan_probe AS {text.replace('%%', '%')}")
     conn.commit()
     try:
@@ -226,7 +226,7 @@ def explain_prepared(conn: psycopg.Connection[Any], query: queries.Query) -> Pla
     return dict(document[0])
 
 
-def plans(conn: psycopg.Connection[Any], query: queries.Query) -> dict[str, Plan]:
+def plans(conn: psycopg.Connection[Any], query: driver.Query) -> dict[str, Plan]:
     """Both plans a statement runs with: on a fresh connection and on a settled one."""
     return {"first run": explain(conn, query), "prepared": explain_prepared(conn, query)}
 
@@ -318,9 +318,9 @@ def assert_claim_walks_the_index(plan: Plan, claim_index: str, label: str) -> No
     )
 
 
-def claim_query(queues: list[str]) -> queries.Query:
+def claim_query(queues: list[str]) -> driver.Query:
     return first_query(
-        queries.task_claim(
+        claiming.task_claim(
             queues=queues, limit=CLAIM_BATCH, owner="host:1234:claimer", lease_seconds=30
         )
     )
@@ -387,9 +387,9 @@ def test_claim_from_two_queues_takes_their_most_urgent_visible_tasks_in_order(
         """,
         (CLAIM_BATCH,),
     ).fetchall()
-    claimed = queries.run(
+    claimed = driver.run(
         big,
-        queries.task_claim(
+        claiming.task_claim(
             queues=["email", "reports"],
             limit=CLAIM_BATCH,
             owner="host:1234:claimer",
@@ -401,9 +401,9 @@ def test_claim_from_two_queues_takes_their_most_urgent_visible_tasks_in_order(
     assert {t.queue for t in claimed} == {"email", "reports"}
 
 
-def limited_claim_query(queues: list[str]) -> queries.Query:
+def limited_claim_query(queues: list[str]) -> driver.Query:
     params = {"queues": queues, "limit": CLAIM_BATCH, "owner": "host:1:c", "lease_seconds": 30}
-    return queries.Query("task_claim_limited", {**params, "now": None})
+    return driver.Query("task_claim_limited", {**params, "now": None})
 
 
 @pytest.fixture
@@ -469,7 +469,7 @@ def test_the_limits_probe_is_a_probe_per_limit(
     cost an index probe per limit, never a read of the backlog, whether the limited type has
     waiting tasks (all 200,000 here) or none."""
     limits(("type", "email.send", 10), ("type", "sms.send", 10), ("queue", "reports", 10))
-    query = first_query(queries.limits_probe(["default", "email"]))
+    query = first_query(claiming.limits_probe(["default", "email"]))
     plan = explain(big, query, analyze=True)
     assert_index_only_access(plan, "limits probe")
     assert rows_read(plan["Plan"]) <= 10, outline(plan["Plan"])
@@ -494,15 +494,15 @@ def test_completion_and_heartbeat_find_their_tasks_by_index(
     big: psycopg.Connection[Any],
 ) -> None:
     leases = running_leases(big, CLAIM_BATCH)
-    complete = first_query(queries.task_complete_many([(lease, None) for lease in leases]))
-    heartbeat = first_query(queries.task_heartbeat(leases, 30))
+    complete = first_query(leased.task_complete_many([(lease, None) for lease in leases]))
+    heartbeat = first_query(leased.task_heartbeat(leases, 30))
     for query in (complete, heartbeat):
         for label, plan in plans(big, query).items():
             assert_index_only_access(plan, f"{query.name} of {len(leases)} ({label})")
 
 
 def test_sweep_finds_expired_leases_by_index(big: psycopg.Connection[Any]) -> None:
-    query = first_query(queries.task_sweep_expired(MAINTENANCE_BATCH))
+    query = first_query(claiming.task_sweep_expired(MAINTENANCE_BATCH))
     lease_index = partial_index(big, "running", "lease_expires_at")
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"sweep ({label})")
@@ -515,7 +515,7 @@ def test_expiry_finds_expired_tasks_by_their_index_not_the_backlog(
 ) -> None:
     """Issue 15: maintenance's expiry pass (every sweep) reads tasks_expiry_idx, which holds
     only waiting tasks with an expiry, never the backlog."""
-    query = first_query(queries.task_expire(MAINTENANCE_BATCH))
+    query = first_query(claiming.task_expire(MAINTENANCE_BATCH))
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"expire ({label})")
         used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
@@ -528,9 +528,9 @@ def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any])
     the backlog and every dead tuple left by earlier batches. Every statement the prune
     operations run is checked (one per status, in the current SQL)."""
     completed = all_queries(
-        queries.task_prune([TaskStatus.COMPLETED, TaskStatus.CANCELLED], DAY, MAINTENANCE_BATCH)
+        queues.task_prune([TaskStatus.COMPLETED, TaskStatus.CANCELLED], DAY, MAINTENANCE_BATCH)
     )
-    dead = all_queries(queries.task_prune([TaskStatus.FAILED], 14 * DAY, MAINTENANCE_BATCH))
+    dead = all_queries(queues.task_prune([TaskStatus.FAILED], 14 * DAY, MAINTENANCE_BATCH))
     assert completed and dead
     for query in completed + dead:
         for label, plan in plans(big, query).items():
@@ -541,7 +541,7 @@ def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connec
     """The starvation policy runs every sweep round over a backlog of any size: it must reach
     the aged tasks through the claim index (a loose walk over the queues, then a range per
     queue and level), never by reading the backlog."""
-    query = first_query(queries.task_promote(300, MAINTENANCE_BATCH))
+    query = first_query(queues.task_promote(300, MAINTENANCE_BATCH))
     claim_index = partial_index(big, "queued", "queue")
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"promote ({label})")
@@ -553,7 +553,7 @@ def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connec
 def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connection[Any]) -> None:
     """`pgqueue stats` and every /metrics scrape list the queues (for the paused ones): that
     must cost a probe per queue, not a read of the whole backlog."""
-    query = first_query(queries.queue_list())
+    query = first_query(queues.queue_list())
     # No parameters: its generic plan is its custom plan, so one EXPLAIN covers both.
     assert_index_only_access(explain(big, query), "queue list")
 
@@ -629,7 +629,7 @@ def test_the_overview_counts_waiting_tasks_from_their_index_alone(
     waiting task and nothing else, never picked from the table or another index. (Its queued
     rows come from the backlog view, which here, with half the table queued, the planner
     reads by a Seq Scan: not this test's concern.)"""
-    query = first_query(queries.queue_overview())
+    query = first_query(stats.queue_overview())
     # No parameters: its generic plan is its custom plan, so one EXPLAIN covers both.
     analyzed = explain(big, query, analyze=True)
     tree = analyzed["Plan"]
@@ -646,7 +646,7 @@ def test_the_overview_counts_waiting_tasks_from_their_index_alone(
         f"by {how}" + (f" ({fetched:,} heap fetches)" if "Index Only Scan" in how else ""),
     )
     assert read == WAITING + CALLBACKS, outline(tree)
-    rows = queries.run(big, queries.queue_overview())
+    rows = driver.run(big, stats.queue_overview())
     big.rollback()
     counted = {(r.queue, r.priority): r.tasks for r in rows if r.status == "waiting"}
     assert sum(counted.values()) == WAITING + CALLBACKS
@@ -658,14 +658,14 @@ def test_listing_queues_walks_the_waiting_index_once_per_queue(
 ) -> None:
     """The queue list finds a queue whose tasks all wait by a loose walk of
     tasks_waiting_idx: a probe per queue that has waiting tasks, not a read of them all."""
-    query = first_query(queries.queue_list())
+    query = first_query(queues.queue_list())
     analyzed = explain(big, query, analyze=True)
     tree = analyzed["Plan"]
     assert index_scans(tree, WAITING_INDEX), outline(tree)
     assert not picks_waiting_rows_by_condition(tree), outline(tree)
     # 'callbacks', 'default', 'reports', then the probe that finds no further queue.
     assert entries_read(tree, WAITING_INDEX) <= 4, outline(tree)
-    listed = queries.run(big, queries.queue_list())
+    listed = driver.run(big, queues.queue_list())
     big.rollback()
     assert waiting_only_queue in {q.name for q in listed}
 
@@ -679,7 +679,7 @@ def test_the_queue_probe_reads_one_entry_of_the_waiting_index(
     entry of tasks_waiting_idx, or none, in both plans. (In the generic plan the server
     settles on, the queued and finished probes are Seq Scans, which read the whole table for
     a queue with no such task: reported, not this test's concern.)"""
-    query = first_query(queries.queue_known(queue))
+    query = first_query(queues.queue_known(queue))
     for label, plan in plans(big, query).items():
         tree = plan["Plan"]
         assert index_scans(tree, WAITING_INDEX), f"{label}\n{outline(tree)}"
@@ -689,7 +689,7 @@ def test_the_queue_probe_reads_one_entry_of_the_waiting_index(
     assert entries_read(analyzed["Plan"], WAITING_INDEX) <= 1, outline(analyzed["Plan"])
     # The running probe reads the running tasks' index, filtered by queue: the slots in use.
     assert rows_read(analyzed["Plan"]) <= RUNNING + 1, outline(analyzed["Plan"])
-    known = queries.run(big, queries.queue_known(queue))
+    known = driver.run(big, queues.queue_known(queue))
     big.rollback()
     assert known is (queue == waiting_only_queue)
 
@@ -697,7 +697,7 @@ def test_the_queue_probe_reads_one_entry_of_the_waiting_index(
 def test_throughput_counts_each_queue_window_by_index(big: psycopg.Connection[Any]) -> None:
     """Every /metrics scrape and `pgqueue stats` count the last minute's finished tasks: a
     range per queue and status of the retention index, not the day of finished tasks kept."""
-    query = first_query(queries.queue_throughput(60))
+    query = first_query(stats.queue_throughput(60))
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"throughput ({label})")
     analyzed = explain(big, query, analyze=True)
@@ -705,7 +705,7 @@ def test_throughput_counts_each_queue_window_by_index(big: psycopg.Connection[An
 
 
 def test_listing_limits_reads_only_the_running_tasks(big: psycopg.Connection[Any]) -> None:
-    query = first_query(queries.limit_list())
+    query = first_query(queues.limit_list())
     plan = explain(big, query, analyze=True)
     assert_index_only_access(plan, "limit list")
     assert rows_read(plan["Plan"]) <= RUNNING, outline(plan["Plan"])
@@ -722,7 +722,7 @@ def test_dead_letter_listing_reads_dead_letters_by_index(big: psycopg.Connection
     assert middle is not None
     cursor: tuple[datetime, uuid.UUID] = (middle[0], middle[1])
     for before, page in ((None, "first page"), (cursor, "a later page")):
-        query = first_query(queries.task_list(**list_args("failed", None, None, 50, before)))
+        query = first_query(tasks.task_list(**list_args("failed", None, None, 50, before)))
         for label, plan in plans(big, query).items():
             assert_index_only_access(plan, f"dead letters, {page} ({label})")
 
@@ -754,14 +754,14 @@ def test_the_throughput_series_reads_the_hour_per_queue_by_index_not_the_day(
     (and 28 days of dead letters) are never read, whichever plan the server settles on."""
     index = retention_index(big)
     for minutes, queue in ((60, None), (60, "email"), (1440, None)):
-        query = first_query(queries.throughput_series(minutes, queue))
+        query = first_query(stats.throughput_series(minutes, queue))
         for label, plan in plans(big, query).items():
             name = f"throughput series {minutes} min of {queue or 'all'} ({label})"
             assert_index_only_access(plan, name)
             used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
             assert used == {index}, f"{name}: {used}\n{outline(plan['Plan'])}"
 
-    query = first_query(queries.throughput_series(60))
+    query = first_query(stats.throughput_series(60))
     analyzed = explain(big, query, analyze=True)
     in_window = big.execute(
         "SELECT count(*) FROM pgqueue.tasks WHERE status IN ('completed', 'failed')"
@@ -807,7 +807,7 @@ def test_recent_failures_read_the_retry_index_and_the_newest_dead_letters_per_qu
     (not the 200,000-task backlog they sit in), the dead letters by a backward range of the
     retention index per queue (not the 10,000 kept): rows read bounded by the page."""
     limit = 20
-    query = first_query(queries.task_failures(limit))
+    query = first_query(stats.task_failures(limit))
     retry_index = partial_index(big, "queued", "visible_after")
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"recent failures ({label})")
@@ -823,7 +823,7 @@ def test_recent_failures_read_the_retry_index_and_the_newest_dead_letters_per_qu
     )
     # A page of retrying tasks, a page per queue of dead letters, the walk's probes.
     assert read <= limit + 3 * limit + 10, outline(analyzed["Plan"])
-    found = queries.run(big, queries.task_failures(limit))
+    found = driver.run(big, stats.task_failures(limit))
     big.rollback()
     assert sum(not f.dead for f in found) == limit and sum(f.dead for f in found) == limit
 
@@ -864,7 +864,7 @@ def test_the_waiting_checks_reject_waiting_rows_read_from_the_table(
     big.execute("SET LOCAL enable_indexscan = off")
     big.execute("SET LOCAL enable_indexonlyscan = off")
     big.execute("SET LOCAL enable_bitmapscan = off")
-    row = big.execute(f"EXPLAIN (FORMAT JSON) {queries.statements()['queue_overview']}").fetchone()
+    row = big.execute(f"EXPLAIN (FORMAT JSON) {driver.statements()['queue_overview']}").fetchone()
     big.rollback()
     assert row is not None
     tree = dict(row[0][0])["Plan"]
@@ -885,7 +885,7 @@ def test_reading_a_workflow_reads_only_its_rows_by_the_workflow_index(
     try:
         big.execute("ANALYZE pgqueue.tasks")
         big.commit()
-        query = first_query(queries.workflow_get(workflow_id))
+        query = first_query(dependencies.workflow_get(workflow_id))
         for label, plan in plans(big, query).items():
             assert_index_only_access(plan, f"workflow tasks ({label})")
         analyzed = explain(big, query, analyze=True)

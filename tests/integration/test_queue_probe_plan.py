@@ -11,12 +11,12 @@ from typing import Any
 
 import psycopg
 
-from pgqueue import queries
+from pgqueue.queries import driver, queues
 
 
 def test_the_queue_probe_is_never_a_prepared_statement(conn: psycopg.Connection[Any]) -> None:
     for _ in range(8):  # past psycopg's prepare threshold (5)
-        assert queries.run(conn, queries.queue_known("nowhere")) is False
+        assert driver.run(conn, queues.queue_known("nowhere")) is False
     prepared = conn.execute(
         "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%pgqueue.queues%%'"
     ).fetchone()

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,8 @@ MADE_UP_PASSWORD = f"pw-S3cret-{uuid.uuid4().hex[:12]}"
 TASK_ID = "01a22f0d-98c9-7000-8728-d80607a4f6ca"
 
 HANDLERS = NOOP_HANDLERS + BOOM_HANDLER
+# psycopg_pool's warning for each connection it failed to open (a worker's pool reconnecting).
+RECONNECT_FAILED = "error connecting in"
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -418,6 +419,7 @@ def test_worker_logs_in_text_and_json_hide_the_password_through_an_outage(
             pgqueue.enqueue(conn, "boom", {}, queue=fmt)  # a dead letter: an error in the log
         for fmt in workers:
             wait_until(settled(fmt, 2), 30, f"the {fmt} worker's first tasks")
+        before = {fmt: len(w.text()) for fmt, w in workers.items()}
         proxy.cut()  # the database goes away: every connection dropped, new ones refused
         for fmt, worker in workers.items():
             pgqueue.enqueue(conn, "noop", {}, queue=fmt)  # directly, not through the proxy
@@ -426,7 +428,13 @@ def test_worker_logs_in_text_and_json_hide_the_password_through_an_outage(
                 30,
                 f"the {fmt} worker to report the outage",
             )
-        time.sleep(1.0)  # a few reconnection attempts by the pools
+        for fmt, worker in workers.items():
+            # What each failed reconnection logs (psycopg_pool's warning) is read too.
+            wait_until(
+                lambda w=worker, n=before[fmt]: w.text()[n:].count(RECONNECT_FAILED) >= 2,
+                30,
+                f"the {fmt} worker's pool to fail to reconnect twice",
+            )
         proxy.restore()
         for fmt in workers:
             wait_until(settled(fmt, 3), 30, f"the {fmt} worker to recover")
@@ -513,6 +521,11 @@ def serving(url: str, tmp_path: Path, *args: str) -> Iterator[tuple[str, Callabl
             proc.wait(timeout=20)
 
 
+def access_lines(log: str) -> int:
+    """uvicorn's access-log lines in ``log``, but for the health checks made while starting."""
+    return sum(1 for line in log.splitlines() if ' HTTP/1.1" ' in line and "/healthz" not in line)
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
@@ -558,8 +571,12 @@ def test_serve_hides_tokens_and_the_password_in_responses_and_its_log(
 
     with serving(url, tmp_path, "--log-level", "debug") as (base, output):
         responses = requests_with_tokens(base)
-        time.sleep(0.3)  # the access log of the last requests
-        log = output()
+
+        def logged() -> str:
+            text = output()
+            return text if access_lines(text) >= len(responses) else ""
+
+        log = wait_until(logged, 30, f"the access log of all {len(responses)} requests")
 
     codes = {r.status_code for r in responses}
     assert 401 in codes and (503 in codes if database == "unreachable" else 202 in codes), codes

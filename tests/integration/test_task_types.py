@@ -15,8 +15,9 @@ import pytest
 import test_api
 
 import pgqueue
-from pgqueue import RetryPolicy, queries
+from pgqueue import RetryPolicy
 from pgqueue.api.settings import ApiSettings
+from pgqueue.queries import driver, task_types
 from pgqueue.registry import TaskRegistry
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -25,7 +26,7 @@ start_server = test_api.start_server  # its fixture: `pgqueue serve` processes, 
 
 
 def declare(conn, registry: TaskRegistry) -> None:
-    queries.run(conn, queries.task_types_declare("w1", registry.declarations()))
+    driver.run(conn, task_types.task_types_declare("w1", registry.declarations()))
 
 
 def registry() -> TaskRegistry:
@@ -152,18 +153,18 @@ def test_a_claim_before_any_declaration_keeps_the_mark_for_a_later_one(conn):
 
 def test_redeclaring_replaces_the_declaration_and_an_unchanged_one_writes_nothing(conn):
     declare(conn, registry())
-    (before,) = [r for r in queries.run(conn, queries.task_types_list()) if r["type"] == "once"]
+    (before,) = [r for r in driver.run(conn, task_types.task_types_list()) if r["type"] == "once"]
 
     declare(conn, registry())
-    (same,) = [r for r in queries.run(conn, queries.task_types_list()) if r["type"] == "once"]
+    (same,) = [r for r in driver.run(conn, task_types.task_types_list()) if r["type"] == "once"]
     assert same["updated_at"] == before["updated_at"]
 
     changed = TaskRegistry()
     changed.handler("once", max_attempts=2)(lambda payload, ctx: None)
-    queries.run(conn, queries.task_types_declare("w2", changed.declarations()))
+    driver.run(conn, task_types.task_types_declare("w2", changed.declarations()))
 
     assert pgqueue.enqueue(conn, "once", {}).task.max_attempts == 2
-    (now,) = [r for r in queries.run(conn, queries.task_types_list()) if r["type"] == "once"]
+    (now,) = [r for r in driver.run(conn, task_types.task_types_list()) if r["type"] == "once"]
     assert now["declared_by"] == "w2"
 
 

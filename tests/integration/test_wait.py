@@ -25,8 +25,8 @@ from processes import wait_until
 
 import pgqueue
 import pgqueue.aio
-from pgqueue import queries
 from pgqueue.models import Task, TaskStatus
+from pgqueue.queries import driver
 
 NO_POLL = 3600.0
 LONG = 120.0
@@ -416,7 +416,7 @@ def test_a_finish_that_waited_for_a_registration_notifies_it(
     waiter = connect(autocommit=False)
     waiter.execute("LISTEN pgqueue_done")
     waiter.commit()
-    sql = queries.statements()["task_waiter_add"]
+    sql = driver.statements()["task_waiter_add"]
     waiter.execute(sql, {"id": task_id, "waiter": uuid.uuid4(), "seconds": 60})  # open
     finisher = connect()
     done = threading.Thread(target=pgqueue.complete, args=(finisher, claimed.lease, 1))

@@ -26,8 +26,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgqueue
-from pgqueue import queries
 from pgqueue.errors import ConfigurationError
+from pgqueue.queries import driver
+from pgqueue.queries.maintenance import maintenance_try_lock
 from pgqueue.registry import Retry, TaskRegistry
 from pgqueue.worker import Worker, WorkerConfig
 from pgqueue.worker import metrics as worker_metrics
@@ -348,7 +349,7 @@ def test_sweep_counts_requeued_and_dead_lettered_tasks_and_skipped_rounds(
 
     asyncio.run(sweep())
     other = connect(autocommit=False)  # another runner holds the maintenance lock
-    assert queries.run(other, queries.maintenance_try_lock())
+    assert driver.run(other, maintenance_try_lock())
     asyncio.run(sweep())
     other.rollback()
     metrics.depth.close()

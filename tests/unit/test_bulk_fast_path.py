@@ -13,7 +13,7 @@ import pytest
 import pgqueue
 from pgqueue.enqueue import MAX_JSON_DEPTH, new_task_id, new_task_ids, prepare, prepare_plain
 from pgqueue.models import EnqueueResult, Priority, Task, TaskStatus, built
-from pgqueue.queries import _inserted
+from pgqueue.queries.specs import _inserted
 
 LIMIT = 200
 

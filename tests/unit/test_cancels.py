@@ -16,7 +16,7 @@ import pytest
 
 from pgqueue.executor import TaskContext
 from pgqueue.models import ClaimedTask, Priority
-from pgqueue.queries import HeartbeatResult
+from pgqueue.queries.leased import HeartbeatResult
 from pgqueue.worker.cancels import Cancels
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.heartbeat import Heartbeat

@@ -44,9 +44,30 @@ def test_retry_policy_refuses_values_the_database_cannot_hold(kwargs):
         pgqueue.RetryPolicy(**kwargs)
 
 
-@pytest.mark.parametrize("value", ["HIGH", "high", " low ", 1, pgqueue.Priority.LOW])
-def test_priority_parses_names_and_numbers(value):
-    assert isinstance(pgqueue.Priority.parse(value), pgqueue.Priority)
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("HIGH", "high"),
+        ("high", "high"),
+        (" Normal ", "normal"),
+        (" low ", "low"),
+        (0, "high"),
+        (1, "normal"),
+        (2, "low"),
+        (pgqueue.Priority.LOW, "low"),
+    ],
+)
+def test_priority_parses_names_and_numbers(value, expected):
+    assert pgqueue.Priority.parse(value).label == expected
+
+
+def test_priorities_are_stored_as_numbers_where_lower_runs_first():
+    """The numbers are what the database holds and the claim orders by: high is 0, low 2."""
+    assert [(p.label, int(p)) for p in sorted(pgqueue.Priority)] == [
+        ("high", 0),
+        ("normal", 1),
+        ("low", 2),
+    ]
 
 
 def test_payload_size_counts_utf8_bytes():

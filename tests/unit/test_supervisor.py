@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,7 +143,7 @@ def test_a_child_reaped_elsewhere_is_not_waited_for_forever() -> None:
     assert child.wait() == 0  # its code is lost; as subprocess.Popen answers then
 
 
-def _signal_the_supervisor_then_wait(slot: int) -> int:
+def _signal_the_supervisor_then_wait(slot: int, worker_id: str) -> int:
     if slot == 0:
         os.kill(os.getppid(), signal.SIGTERM)
     # Until the supervisor passes a stop signal on, which ends the child; one it never passes
@@ -171,3 +175,94 @@ def test_no_child_is_started_after_a_stop_signal_so_none_is_left_unsignalled(
     assert fleet.signals == 1
     # Each child started was passed the signal (which ends it: no handler of its own).
     assert {child.returncode for child in fleet.children.values()} == {-signal.SIGTERM}
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (0, None),
+        (3, "worker process exited with code 3"),
+        (-signal.SIGSEGV, "worker process died: SIGSEGV"),
+        (-signal.SIGKILL, "worker process died: SIGKILL"),
+        (-200, "worker process died: signal 200"),
+    ],
+)
+def test_an_exit_code_says_whether_and_how_a_child_died(code: int, cause: str | None) -> None:
+    assert supervisor.death_cause(code) == cause
+
+
+POISON = uuid.UUID("00000000-0000-4000-8000-000000000003")
+
+
+def _dies_in_slot_0(directory: Path) -> Callable[[int, str], int]:
+    def run(slot: int, worker_id: str) -> int:
+        (directory / str(slot)).write_text(worker_id)  # the id the child was given
+        if slot == 0:
+            os._exit(3)
+        signal.pause()  # until the stop signal, which ends it (no handler of its own)
+        return 0
+
+    return run
+
+
+@linux_only
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_dead_childs_tasks_are_given_back_under_its_worker_id_before_its_restart(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, answers: bool
+) -> None:
+    """The supervisor chose each child's worker id (its lease owner); when one dies, its
+    tasks are failed under that id, naming the cause, before a replacement starts; a
+    database that does not answer is logged, and the supervisor goes on. The fork is forced,
+    as in the test above; the database is a stand-in that stops the fleet."""
+    monkeypatch.setattr(supervisor, "fork_hazard", lambda: None)
+    calls: list[tuple[str, str, str, int, bool]] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(supervisor, "event", lambda name, *_, **f: events.append((name, f)))
+
+    def give_back(url: str, owner: str, cause: str, pid: int) -> list[dict[str, Any]]:
+        replaced = fleet.children[0].pid != pid
+        calls.append((url, owner, cause, pid, replaced))
+        if len(calls) > 1:
+            return []
+        os.kill(os.getpid(), signal.SIGTERM)  # stop the fleet after the first death
+        if not answers:
+            raise OSError("connection timeout expired")
+        row = {"id": POISON, "type": "poison", "status": "failed", "attempts": 2}
+        return [{**row, "max_attempts": 2, "never_started": False}]
+
+    monkeypatch.setattr(supervisor, "give_back", give_back)
+    saved = {sig: signal.getsignal(sig) for sig in supervisor.STOP_SIGNALS}
+    try:
+        fleet = supervisor.Supervisor(
+            [], 2, run_forked=_dies_in_slot_0(tmp_path), method="fork", database_url="db"
+        )
+        assert fleet.run() == 0
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    prefix = f"{socket.gethostname()}:{os.getpid()}"
+    given = {0: f"{prefix}:0.1", 1: f"{prefix}:1.2"}
+    assert {slot: (tmp_path / str(slot)).read_text() for slot in (0, 1)} == given
+    url, owner, cause, pid, replaced = calls[0]
+    assert (url, owner, cause, replaced) == (
+        "db",
+        given[0],
+        "worker process exited with code 3",
+        False,
+    )
+    # The sibling, ended by the stop signal before its worker could handle it: given back too.
+    assert calls[1][1:3] == (given[1], "worker process died: SIGTERM")
+    exited = [f for name, f in events if name == "worker.process_exited"]
+    assert (exited[0]["worker"], exited[0]["pid"], exited[0]["exit_code"]) == (given[0], pid, 3)
+    if answers:
+        assert exited[0]["tasks_given_back"] == 1 and exited[0]["task_ids"] == str(POISON)
+        [(_, death)] = [(n, f) for n, f in events if n == "task.failed_by_child_death"]
+        assert (death["task_id"], death["type"], death["attempt"]) == (POISON, "poison", 2)
+        assert death["outcome"] == "dead"
+        assert [f["task_id"] for n, f in events if n == "task.dead"] == [POISON]
+    else:
+        assert exited[0]["tasks_given_back"] == 0
+        [failed] = [f for name, f in events if name == "worker.give_back_failed"]
+        assert failed["worker"] == given[0] and "timeout" in failed["error"]

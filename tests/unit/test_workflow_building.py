@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import pgqueue
-from pgqueue.queries import TaskSpec
+from pgqueue.queries.specs import TaskSpec
 from pgqueue.registry import TaskRegistry
 
 ONE = {"$pgqueue": "parent_result"}

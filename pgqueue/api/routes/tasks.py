@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pgqueue import aio, tracing
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.pagination import task_page
+from pgqueue.api.pagination import declared_timeouts, task_page, timeout_of
 from pgqueue.api.routes import V1
 from pgqueue.api.schemas import (
     CancelOut,
@@ -149,7 +149,7 @@ async def get_task(
     if wait is None:
         async with state.connection() as conn:
             task = await aio.get_task(conn, task_id)
-            return TaskOut.of(task, *await _edges(conn, task))
+            return await _task_out(conn, task)
     try:
         task = await state.waiters.wait(parse_task_id(task_id), wait)
     except WaitTimeout as exc:
@@ -158,7 +158,12 @@ async def get_task(
     else:
         response.headers["Pgqueue-Wait"] = "finished"
     async with state.connection() as conn:
-        return TaskOut.of(task, *await _edges(conn, task))
+        return await _task_out(conn, task)
+
+
+async def _task_out(conn: Any, task: Task) -> TaskOut:
+    timeout = timeout_of(task, await declared_timeouts(conn, [task]))
+    return TaskOut.of(task, *await _edges(conn, task), timeout_seconds=timeout)
 
 
 async def _edges(conn: Any, task: Task) -> tuple[list[Parent], list[Parent]]:
