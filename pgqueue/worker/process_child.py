@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, cast
 
 import psycopg
@@ -504,9 +504,7 @@ class Child:
         threading.Thread(target=self._read, name="pgqueue-child-reader", daemon=True).start()
         self._send({"op": "ready", "pid": os.getpid()})
         while True:
-            message = read_frame(self._sock)
-            if message is None:
-                _exit_now(0)
+            message = self._receive()
             if message["op"] == "exit":
                 break
             if message["op"] != "run":
@@ -515,14 +513,36 @@ class Child:
                 self._running = True
             self._reading.set()
             try:
-                reply = self._run(message)
+                task, outcome, timed_out = self._run(message)
             finally:
                 self._handover()
-            self._send(reply)
+            if callable(outcome):
+                outcome = self._commit(task, outcome)
+            self._send(outcome_message(task.id, outcome, timed_out=timed_out))
         self._conn.close()
         if self._loop is not None:
             self._loop.run_until_complete(self._aconn.close())
         return 0
+
+    def _receive(self) -> dict[str, Any]:
+        """The next message, read by the main thread; the end of the socket (or a reset, the
+        worker killed with data unread) is the worker gone: exit at once, quietly."""
+        try:
+            message = read_frame(self._sock)
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            _exit_now(0)
+        return message
+
+    def _commit(self, task: ClaimedTask, commit: Callable[[], Outcome]) -> Outcome:
+        """Write the completion in the handler's transaction, once the worker has heard that
+        it is coming (``committing``): from then on its heartbeat does not take the lease the
+        commit clears for a lost one."""
+        self._send({"op": "committing", "task_id": str(task.id)})
+        while self._receive()["op"] != "commit":
+            pass  # a stop for the task, which has finished anyway
+        return commit()
 
     def _handover(self) -> None:
         """Take reading back from the reader thread (never in the middle of a message)."""
@@ -604,7 +624,11 @@ class Child:
 
     # --- one task ------------------------------------------------------------------------
 
-    def _run(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _run(
+        self, message: dict[str, Any]
+    ) -> tuple[ClaimedTask, Outcome | Callable[[], Outcome], bool]:
+        """The task's outcome, or the commit that will make it (the handler succeeded having
+        written through its context's connection), and whether it timed out."""
         task = task_from(message["task"])
         ctx = TaskContext(
             task,
@@ -619,7 +643,7 @@ class Child:
         try:
             with tracing.attached(message.get("carrier")):
                 if handler is None:
-                    outcome: Outcome = Failed(
+                    outcome: Outcome | Callable[[], Outcome] = Failed(
                         f"no handler is registered for task type {task.type!r} in the "
                         "worker's child process"
                     )
@@ -630,12 +654,12 @@ class Child:
         finally:
             with self._lock:
                 self.current = None
-        return outcome_message(task.id, outcome, timed_out=current.timed_out)
+        return task, outcome, current.timed_out
 
     async def _async_pool(self) -> _OwnAsyncConnection:
         return self._aconn
 
-    def _run_sync(self, handler: Handler, current: _Current) -> Outcome:
+    def _run_sync(self, handler: Handler, current: _Current) -> Outcome | Callable[[], Outcome]:
         task, ctx = current.task, current.ctx
         value: Any = None
         error: BaseException | None = None
@@ -658,11 +682,12 @@ class Child:
             return self._failure(current, error)
         outcome = _encode_result(value, task, self._settings.max_result_bytes)
         if ctx._conn is not None and isinstance(outcome, Completed):
-            return _commit_sync(ctx, outcome)
+            completed = outcome
+            return lambda: _commit_sync(ctx, completed)
         _rollback_sync(ctx)
         return outcome
 
-    def _run_async(self, handler: Handler, current: _Current) -> Outcome:
+    def _run_async(self, handler: Handler, current: _Current) -> Outcome | Callable[[], Outcome]:
         task, ctx = current.task, current.ctx
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
@@ -697,7 +722,8 @@ class Child:
             return self._failure(current, error)
         outcome = _encode_result(value, task, self._settings.max_result_bytes)
         if ctx._aconn is not None and isinstance(outcome, Completed):
-            return loop.run_until_complete(_commit_async(ctx, outcome))
+            completed = outcome
+            return lambda: loop.run_until_complete(_commit_async(ctx, completed))
         loop.run_until_complete(_rollback_async(ctx))
         return outcome
 

@@ -381,6 +381,44 @@ def test_writes_on_ctx_connection_commit_with_the_completion_and_roll_back_with_
     assert completed[0]["transactional"] is True  # written by the child, in its transaction
 
 
+SLOW_COMMIT = """
+CREATE TABLE slow_commits (task_id uuid NOT NULL);
+CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(1.2); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON slow_commits
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+"""
+
+
+def test_a_completion_committed_by_the_child_is_not_taken_for_a_lost_lease(
+    database_url: str, db: psycopg.Connection[Any], workers: Workers
+) -> None:
+    """The child writes the completion in the handler's transaction; a heartbeat that meets
+    that commit (here each one does: the commit holds the task's row for 1.2 s, and the
+    heartbeat beats every second) waits for it and then finds the lease gone. The worker knew
+    the commit was coming, so it neither logs the task's lease lost nor stops it. (Without
+    that, whether it did depended on which of the child's answer and the heartbeat's the
+    worker read first: about half the tasks.)"""
+    db.execute(SLOW_COMMIT)
+    worker = start(
+        workers, database_url, "--lease-seconds", "3", "--concurrency", "1",
+        "--process-pool-size", "1",
+    )  # fmt: skip
+    ids = [pgqueue.enqueue(db, "tx_slow_commit", {}).id for _ in range(6)]
+
+    for task_id in ids:
+        task = finished(db, task_id, worker, workers)
+        assert (task.status, task.attempts, task.result) == (
+            pgqueue.TaskStatus.COMPLETED,
+            1,
+            "committed",
+        )
+    assert db.execute("SELECT count(*) FROM slow_commits").fetchone() == (6,)
+    completed = [e for e in events(worker, "task.completed") if e["task_id"] in map(str, ids)]
+    assert len(completed) == 6 and all(e["transactional"] for e in completed)
+    assert events(worker, "task.lease_lost") == []
+
+
 def test_function_tasks_and_a_chain_run_in_child_processes(
     database_url: str, db: psycopg.Connection[Any], connect: Any, workers: Workers
 ) -> None:
