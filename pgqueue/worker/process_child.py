@@ -198,9 +198,12 @@ class ForkServer:
     def serve(self) -> int:
         """Until the worker says exit or goes away; the exit code."""
         ignore_stop_signals()
-        first = self._control.recv(1 << 20)
+        try:
+            first = self._control.recv(1 << 20)
+        except OSError:
+            first = b""
         if not first:
-            return 0
+            return 0  # the worker is gone
         settings = self._settings = ChildSettings.from_message(json.loads(first))
         die_with_parent(settings.parent_pid)
         try:
@@ -247,7 +250,10 @@ class ForkServer:
             self._reap()
             if self._control not in readable:
                 continue
-            data = self._control.recv(1 << 16)
+            try:
+                data = self._control.recv(1 << 16)
+            except OSError:  # reset: the worker was killed with a message unread
+                data = b""
             if not data:
                 return  # the worker is gone
             message = json.loads(data)
