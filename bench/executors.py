@@ -242,10 +242,11 @@ def cpu_bound(url: str, work: Path, rounds: int, n: int) -> dict[str, Any]:
                 wait_final(url, ids, 300, worker)
                 walls[kind] = span(url, ids)
             ratio = walls["process"] / walls["thread"]
-            out["rounds"].append({**walls, "ratio": ratio, "first": order[0]})
+            load = os.getloadavg()[0]
+            out["rounds"].append({**walls, "ratio": ratio, "first": order[0], "load": load})
             print(
                 f"  (a) round {r + 1}: thread {walls['thread']:.2f} s, process "
-                f"{walls['process']:.2f} s, ratio {ratio:.2f}",
+                f"{walls['process']:.2f} s, ratio {ratio:.2f} (load average {load:.1f})",
                 flush=True,
             )
     finally:
@@ -414,7 +415,10 @@ def main() -> None:
     (work / "bench_executor_handlers.py").write_text(handlers)
     n = calibrate(0.15)
     print(f"calibrated: {n} iterations = 0.15 s here; cpus={os.cpu_count()}", flush=True)
-    figures: dict[str, Any] = {"iterations": n, "cpus": os.cpu_count()}
+    figures: dict[str, Any] = {"iterations": n, "cpus": os.cpu_count(), "load": os.getloadavg()}
+    autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroup.exists():  # with it on, a session's processes share one fair share of CPU
+        figures["sched_autogroup"] = autogroup.read_text().strip()
     only = set(args.only.split(","))
     if "cpu" in only:
         with scratch_database(args.server_url) as url:
