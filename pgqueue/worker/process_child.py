@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, cast
 
 import psycopg
@@ -198,9 +198,12 @@ class ForkServer:
     def serve(self) -> int:
         """Until the worker says exit or goes away; the exit code."""
         ignore_stop_signals()
-        first = self._control.recv(1 << 20)
+        try:
+            first = self._control.recv(1 << 20)
+        except OSError:
+            first = b""
         if not first:
-            return 0
+            return 0  # the worker is gone
         settings = self._settings = ChildSettings.from_message(json.loads(first))
         die_with_parent(settings.parent_pid)
         try:
@@ -219,6 +222,13 @@ class ForkServer:
         else:
             hazard = fork_hazard(allowed={self._control.fileno()})
         self._spawn_children = hazard is not None
+        if hazard is not None and settings.registry is None:
+            message = (
+                f"the process executor's children must be spawned ({hazard}), and this "
+                "registry has no module:attribute a new process could import it by"
+            )
+            self._send({"op": "error", "message": message})
+            return 1
         self._send({"op": "ready", "children": "spawn" if hazard else "fork", "reason": hazard})
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -240,7 +250,10 @@ class ForkServer:
             self._reap()
             if self._control not in readable:
                 continue
-            data = self._control.recv(1 << 16)
+            try:
+                data = self._control.recv(1 << 16)
+            except OSError:  # reset: the worker was killed with a message unread
+                data = b""
             if not data:
                 return  # the worker is gone
             message = json.loads(data)
@@ -497,9 +510,7 @@ class Child:
         threading.Thread(target=self._read, name="pgqueue-child-reader", daemon=True).start()
         self._send({"op": "ready", "pid": os.getpid()})
         while True:
-            message = read_frame(self._sock)
-            if message is None:
-                _exit_now(0)
+            message = self._receive()
             if message["op"] == "exit":
                 break
             if message["op"] != "run":
@@ -508,14 +519,36 @@ class Child:
                 self._running = True
             self._reading.set()
             try:
-                reply = self._run(message)
+                task, outcome, timed_out = self._run(message)
             finally:
                 self._handover()
-            self._send(reply)
+            if callable(outcome):
+                outcome = self._commit(task, outcome)
+            self._send(outcome_message(task.id, outcome, timed_out=timed_out))
         self._conn.close()
         if self._loop is not None:
             self._loop.run_until_complete(self._aconn.close())
         return 0
+
+    def _receive(self) -> dict[str, Any]:
+        """The next message, read by the main thread; the end of the socket (or a reset, the
+        worker killed with data unread) is the worker gone: exit at once, quietly."""
+        try:
+            message = read_frame(self._sock)
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            _exit_now(0)
+        return message
+
+    def _commit(self, task: ClaimedTask, commit: Callable[[], Outcome]) -> Outcome:
+        """Write the completion in the handler's transaction, once the worker has heard that
+        it is coming (``committing``): from then on its heartbeat does not take the lease the
+        commit clears for a lost one."""
+        self._send({"op": "committing", "task_id": str(task.id)})
+        while self._receive()["op"] != "commit":
+            pass  # a stop for the task, which has finished anyway
+        return commit()
 
     def _handover(self) -> None:
         """Take reading back from the reader thread (never in the middle of a message)."""
@@ -597,7 +630,11 @@ class Child:
 
     # --- one task ------------------------------------------------------------------------
 
-    def _run(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _run(
+        self, message: dict[str, Any]
+    ) -> tuple[ClaimedTask, Outcome | Callable[[], Outcome], bool]:
+        """The task's outcome, or the commit that will make it (the handler succeeded having
+        written through its context's connection), and whether it timed out."""
         task = task_from(message["task"])
         ctx = TaskContext(
             task,
@@ -612,7 +649,7 @@ class Child:
         try:
             with tracing.attached(message.get("carrier")):
                 if handler is None:
-                    outcome: Outcome = Failed(
+                    outcome: Outcome | Callable[[], Outcome] = Failed(
                         f"no handler is registered for task type {task.type!r} in the "
                         "worker's child process"
                     )
@@ -623,12 +660,12 @@ class Child:
         finally:
             with self._lock:
                 self.current = None
-        return outcome_message(task.id, outcome, timed_out=current.timed_out)
+        return task, outcome, current.timed_out
 
     async def _async_pool(self) -> _OwnAsyncConnection:
         return self._aconn
 
-    def _run_sync(self, handler: Handler, current: _Current) -> Outcome:
+    def _run_sync(self, handler: Handler, current: _Current) -> Outcome | Callable[[], Outcome]:
         task, ctx = current.task, current.ctx
         value: Any = None
         error: BaseException | None = None
@@ -651,11 +688,12 @@ class Child:
             return self._failure(current, error)
         outcome = _encode_result(value, task, self._settings.max_result_bytes)
         if ctx._conn is not None and isinstance(outcome, Completed):
-            return _commit_sync(ctx, outcome)
+            completed = outcome
+            return lambda: _commit_sync(ctx, completed)
         _rollback_sync(ctx)
         return outcome
 
-    def _run_async(self, handler: Handler, current: _Current) -> Outcome:
+    def _run_async(self, handler: Handler, current: _Current) -> Outcome | Callable[[], Outcome]:
         task, ctx = current.task, current.ctx
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
@@ -690,7 +728,8 @@ class Child:
             return self._failure(current, error)
         outcome = _encode_result(value, task, self._settings.max_result_bytes)
         if ctx._aconn is not None and isinstance(outcome, Completed):
-            return loop.run_until_complete(_commit_async(ctx, outcome))
+            completed = outcome
+            return lambda: loop.run_until_complete(_commit_async(ctx, completed))
         loop.run_until_complete(_rollback_async(ctx))
         return outcome
 

@@ -6,7 +6,11 @@ Two channels, both Unix socket pairs:
   bytes of UTF-8 JSON. The worker sends ``run`` (a task: its row as the claim returned it,
   the timeout, the trace context), ``stop`` (``should_stop()`` turns true; with reason
   ``cancel`` the handler is also interrupted) and ``exit``; the child sends ``ready`` once,
-  then one ``result`` per ``run`` (the outcome, as the executor's classes say it).
+  then one ``result`` per ``run`` (the outcome, as the executor's classes say it). A
+  handler that succeeded having written through ``ctx.connection`` has its completion
+  committed by the child in that transaction: the child first says ``committing`` and waits
+  for the worker's ``commit``, sent once the worker counts the task's outcome as being
+  recorded (so that its heartbeat does not take the lease the commit clears for a lost one).
 - **worker <-> fork server**, datagrams (``SOCK_SEQPACKET``: one JSON object each, no length
   needed): ``init`` (what every child needs to know), ``fork``, ``kill`` and ``exit`` from
   the worker; ``ready`` or ``error``, ``forked`` (with the new child's socket attached,

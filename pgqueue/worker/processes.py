@@ -62,7 +62,7 @@ from pgqueue.worker.process_child import (
     signals_held,
 )
 from pgqueue.worker.process_wire import HEADER, frame, outcome_from, packet, task_message
-from pgqueue.worker.state import StopRequest
+from pgqueue.worker.state import Slots, StopRequest
 
 MB = 1024 * 1024
 # How often the watcher looks at busy children: a stop reaches one, and a deadline kills
@@ -196,12 +196,14 @@ class ProcessPool:
         metrics: WorkerMetrics,
         stop: StopRequest,
         max_result_bytes: int | None,
+        slots: Slots | None = None,
     ) -> None:
         self._config = config
         self._registry = registry
         self._database_url = database_url
         self._metrics = metrics
         self._stop = stop
+        self._slots = slots
         self._max_result_bytes = max_result_bytes
         self.size = config.process_children
         self._server: _Server | None = None
@@ -453,6 +455,8 @@ class ProcessPool:
                 if message["op"] == "ready":
                     if not child.ready.done():
                         child.ready.set_result(None)
+                elif message["op"] == "committing":
+                    self._committing(child, message["task_id"])
                 elif message["op"] == "result":
                     waiting, task = child.result, child.task
                     if (
@@ -470,6 +474,19 @@ class ProcessPool:
         finally:
             child.eof = True
             self._maybe_dead(child)
+
+    def _committing(self, child: ChildProcess, task_id: str) -> None:
+        """The child is about to write its task's completion in the handler's transaction:
+        the task's outcome is being recorded (``recording``) before the child may commit, so
+        that a heartbeat finding the lease cleared by that commit does not take it for a
+        lost one."""
+        task = child.task
+        if task is None or str(task.id) != task_id:
+            return  # killed or released meanwhile: it will not commit
+        running = self._slots.running.get(task.id) if self._slots is not None else None
+        if running is not None:
+            running.recording = True
+        self._send(child, {"op": "commit", "task_id": task_id})
 
     def _exited(self, child: ChildProcess, code: int) -> None:
         child.exited = True

@@ -87,6 +87,7 @@ class Worker:
                 metrics=self.metrics,
                 stop=self._stop,
                 max_result_bytes=self._max_result_bytes,
+                slots=slots,
             )
             if needed(registry, cfg)
             else None

@@ -154,6 +154,15 @@ def tx_write(payload: dict[str, Any], ctx: TaskContext) -> str:
     return "written"
 
 
+@tasks.handler("tx_slow_commit", executor="process")
+def tx_slow_commit(payload: dict[str, Any], ctx: TaskContext) -> str:
+    """Writes a row whose deferred trigger makes the commit (the completion's) take a second,
+    the task's row locked meanwhile."""
+    record(ctx)
+    ctx.connection.execute("INSERT INTO slow_commits (task_id) VALUES (%s)", (ctx.task_id,))
+    return "committed"
+
+
 @tasks.handler("cpu", executor="process")
 def cpu(payload: dict[str, Any], ctx: TaskContext) -> str:
     """Pure-Python hashing for about ``seconds`` of one core, start and end recorded."""
