@@ -198,6 +198,11 @@ def _dies_in_slot_0(directory: Path) -> Callable[[int, str], int]:
     def run(slot: int, worker_id: str) -> int:
         (directory / str(slot)).write_text(worker_id)  # the id the child was given
         if slot == 0:
+            # Not before its sibling has written its id: the death stops the fleet, and a
+            # sibling signalled before it wrote would leave nothing to compare.
+            deadline = time.monotonic() + 30
+            while not (directory / "1").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             os._exit(3)
         signal.pause()  # until the stop signal, which ends it (no handler of its own)
         return 0
