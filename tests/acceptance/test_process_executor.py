@@ -219,11 +219,11 @@ def test_a_crashing_child_costs_only_its_own_task_at_once(
     assert (task.status, task.attempts, task.result) == (pgqueue.TaskStatus.COMPLETED, 1, "slept")
     assert len(runs(db, innocent)) == 1
     died = events(worker, "worker.child_died")
-    assert sorted((e["type"], e["attempt"], e["exit_code"]) for e in died) == [
-        ("exit3", 1, 3),
-        ("exit3", 2, 3),
-        ("segfault", 1, -signal.SIGSEGV),
-        ("segfault", 2, -signal.SIGSEGV),
+    assert sorted((e["type"], e["attempt"], e["exit_code"], e["signal"]) for e in died) == [
+        ("exit3", 1, 3, ""),
+        ("exit3", 2, 3, ""),
+        ("segfault", 1, -signal.SIGSEGV, "SIGSEGV"),
+        ("segfault", 2, -signal.SIGSEGV, "SIGSEGV"),
     ]
     metrics = _scrape(worker)
     assert metrics["pgqueue_worker_children_died_total"] == 4
