@@ -170,14 +170,21 @@ def _kill_reason(ctx: TaskContext) -> str:
     return "lease" if ctx.lease_lost else "time"
 
 
+def _signal_name(code: int | None) -> str:
+    """The signal that ended a child ("" if none did: it exited, or nobody knows)."""
+    if code is None or code >= 0:
+        return ""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "worker child died: its fork server exited"
     if code < 0:
-        try:
-            return f"worker child died: {signal.Signals(-code).name}"
-        except ValueError:
-            return f"worker child died: signal {-code}"
+        return f"worker child died: {_signal_name(code)}"
     return f"worker child exited with code {code}"
 
 
@@ -520,6 +527,7 @@ class ProcessPool:
                 logging.WARNING,
                 pid=child.pid,
                 exit_code=child.code,
+                signal=_signal_name(child.code),
                 error=describe_exit(child.code),
                 note="idle: no task lost",
             )
@@ -772,7 +780,14 @@ class ProcessPool:
             return Lost()
         what = describe_exit(child.code)
         self._metrics.child_died()
-        event("worker.child_died", logging.ERROR, **fields, exit_code=child.code, error=what)
+        event(
+            "worker.child_died",
+            logging.ERROR,
+            **fields,
+            exit_code=child.code,
+            signal=_signal_name(child.code),
+            error=what,
+        )
         return Failed(
             f"{what} (pid {child.pid}, running task {task.id} ({task.type}, attempt "
             f"{task.attempts}))"

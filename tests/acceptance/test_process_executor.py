@@ -8,6 +8,7 @@ processes or the worker's JSON log for a condition, with a deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -218,11 +219,11 @@ def test_a_crashing_child_costs_only_its_own_task_at_once(
     assert (task.status, task.attempts, task.result) == (pgqueue.TaskStatus.COMPLETED, 1, "slept")
     assert len(runs(db, innocent)) == 1
     died = events(worker, "worker.child_died")
-    assert sorted((e["type"], e["attempt"], e["exit_code"]) for e in died) == [
-        ("exit3", 1, 3),
-        ("exit3", 2, 3),
-        ("segfault", 1, -signal.SIGSEGV),
-        ("segfault", 2, -signal.SIGSEGV),
+    assert sorted((e["type"], e["attempt"], e["exit_code"], e["signal"]) for e in died) == [
+        ("exit3", 1, 3, ""),
+        ("exit3", 2, 3, ""),
+        ("segfault", 1, -signal.SIGSEGV, "SIGSEGV"),
+        ("segfault", 2, -signal.SIGSEGV, "SIGSEGV"),
     ]
     metrics = _scrape(worker)
     assert metrics["pgqueue_worker_children_died_total"] == 4
@@ -478,6 +479,28 @@ def test_a_fork_server_spawned_where_fork_is_refused_runs_tasks_too(
     assert task.result == 42
     [started] = events(worker, "worker.process_pool_started")
     assert started["fork_server"] == "spawn" and started["children_start"] == "fork"
+
+
+def test_the_handler_s_spans_in_a_child_are_children_of_the_execution_span(
+    database_url: str, db: psycopg.Connection[Any], workers: Workers, tmp_path: Path,
+    monkeypatch: Any,
+) -> None:  # fmt: skip
+    spans_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv("PGQUEUE_TRACING", "1")
+    monkeypatch.setenv("PROCESS_TRACE_FILE", str(spans_file))
+    worker = workers.start(database_url, *FAST, *JSON, registry="process_tracing_handlers:tasks")
+    task = finished(db, pgqueue.enqueue(db, "traced", {}).id, worker, workers)
+
+    def both() -> dict[str, dict[str, Any]] | None:
+        lines = spans_file.read_text().splitlines() if spans_file.exists() else []
+        spans = {s["name"]: s for s in map(json.loads, lines)}
+        return spans if {"pgqueue.execute traced", "inside the handler"} <= set(spans) else None
+
+    spans = wait_until(both, timeout=30, what="both spans", workers=workers, alive=[worker])
+    execution, inside = spans["pgqueue.execute traced"], spans["inside the handler"]
+    assert (execution["pid"], inside["pid"]) == (worker.pid, task.result)
+    assert inside["trace_id"] == execution["trace_id"]
+    assert inside["parent"] == execution["span_id"]
 
 
 # --- helpers -------------------------------------------------------------------------------
