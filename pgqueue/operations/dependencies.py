@@ -19,13 +19,13 @@ from pgqueue.waiting import DEFAULT_POLL_INTERVAL, workflow_wait_loop
 @operation
 def parents(task_id: uuid.UUID | str) -> Op[list[Parent]]:
     """The parents of a task (its depends_on, in that order) with their statuses and
-    results; empty for a task without parents (issue 16)."""
+    results; empty for a task without parents."""
     return dependencies.task_parents(parse_task_id(task_id))
 
 
 @operation
 def children(task_id: uuid.UUID | str) -> Op[list[Parent]]:
-    """The tasks that depend on this one, with their statuses (issue 16)."""
+    """The tasks that depend on this one, with their statuses."""
     return dependencies.task_children(parse_task_id(task_id))
 
 

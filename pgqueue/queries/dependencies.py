@@ -24,7 +24,7 @@ def task_insert_dependent(
     trace_context: Mapping[str, str] | None = None,
     batch: set[uuid.UUID] | None = None,
 ) -> Op[list[Task]]:
-    """Insert tasks with parents (issue 16) and their edges in one statement; UnknownParent
+    """Insert tasks with parents and their edges in one statement; UnknownParent
     (nothing written) for a parent neither in ``batch`` (the ids of the enqueue_many batch)
     nor in the table. A cycle among the batch's tasks is refused before (DependencyCycle)."""
     from pgqueue.dependencies import check_acyclic
@@ -103,7 +103,7 @@ def _parent(row: Row) -> Parent:
 
 
 def task_parents(task_id: uuid.UUID) -> Op[list[Parent]]:
-    """A task's parents in depends_on order (issue 16)."""
+    """A task's parents in depends_on order."""
     rows = yield Query("task_parents", {"id": task_id})
     return [_parent(r) for r in rows]
 

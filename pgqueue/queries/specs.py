@@ -43,11 +43,11 @@ class TaskSpec(NamedTuple):
     idempotency_key: str | None
     run_at: datetime | None
     delay_seconds: float
-    # Issue 15: the expiry, an aware time or seconds from the server's clock at the insert
+    # The expiry, an aware time or seconds from the server's clock at the insert
     # (at most one of the two; neither: never expires).
     expires_at: datetime | None = None
     expires_in: float | None = None
-    # Issue 16: the parents (task ids, in the caller's order), whether the task runs even
+    # The parents (task ids, in the caller's order), whether the task runs even
     # when a parent failed or was cancelled (on_parent_failure="run"), and its workflow.
     depends_on: tuple[uuid.UUID, ...] = ()
     run_anyway: bool = False
@@ -56,7 +56,7 @@ class TaskSpec(NamedTuple):
 
 # The retry policy of a task whose caller and type declared none.
 DEFAULT_RETRY = RetryPolicy()
-# The priority of a task whose caller and type gave none (issue 15); the queue is
+# The priority of a task whose caller and type gave none; the queue is
 # config.DEFAULT_QUEUE.
 DEFAULT_PRIORITY = Priority.NORMAL
 

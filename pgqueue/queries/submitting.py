@@ -111,7 +111,7 @@ def _refuse_if_different(
     """Raise IdempotencyConflict when ``holder`` (a task_get_by_keys_compared row) is not what
     ``spec`` submitted: another type, queue or payload. ``batch`` maps the ids this batch
     inserted to their positions, to say when the holder is an earlier item of it."""
-    # A submit that gave no queue asks for the type's declared one (issue 15), which is what
+    # A submit that gave no queue asks for the type's declared one, which is what
     # placed the holder too when it gave none: only a queue given is compared.
     compared: tuple[tuple[ComparedField, bool], ...] = (
         ("type", holder["type"] == spec.type),
@@ -295,7 +295,7 @@ def _copy_plain(
             queue = declared_queue if queue is None else queue
             priority = declared_priority if priority is None else priority
         expires_at = s.expires_at
-        if s.expires_in is not None:  # issue 15: from the server's clock, as the INSERTs
+        if s.expires_in is not None:  # from the server's clock, as the INSERTs
             expires_at = clock + timedelta(seconds=s.expires_in)
         rows.append(
             (

@@ -55,7 +55,7 @@ next AS (
                    WHERE status = 'queued' AND queue = w.queue AND priority = level.priority
                      AND (created_at, id) > (level.after_created, level.after_id)
                      AND visible_after <= clock.now
-                     -- Never start an expired task (issue 15): maintenance cancels it.
+                     -- Never start an expired task: maintenance cancels it.
                      -- A filter on the row the walk reads anyway, not a new range.
                      AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
                      AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
@@ -103,7 +103,7 @@ UPDATE pgqueue.tasks AS t
  WHERE t.id = next.id
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
           t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
-          -- Issue 16: columns of the row the claim updates anyway (no read more).
+          -- columns of the row the claim updates anyway (no read more).
           t.parents_pending IS NOT NULL AS has_parents, t.workflow_id;
 
 -- name: limits_probe
@@ -178,7 +178,7 @@ candidates AS (
      CROSS JOIN LATERAL (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND queue = served.name AND visible_after <= clock.now
-              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)  -- issue 15
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
               AND NOT EXISTS (SELECT 1 FROM room AS full_type
                                WHERE full_type.kind = 'type' AND full_type.name = tasks.type
                                  AND full_type.room <= 0)
@@ -195,7 +195,7 @@ candidates AS (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND type = open_type.name AND queue = served.name
               AND visible_after <= clock.now
-              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)  -- issue 15
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
             ORDER BY priority, created_at, id
             LIMIT open_type.room
            ) AS c
@@ -254,7 +254,7 @@ claimed AS (
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
               t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
-              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id  -- issue 16
+              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id
 ),
 started AS (
     SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
@@ -358,7 +358,7 @@ RETURNING t.id, t.status, t.type, t.attempts, t.has_dependants
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
 ),
--- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+-- Count the finish on the dependants' edges; a retry (queued) counts nothing.
 settled AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
@@ -422,7 +422,7 @@ RETURNING t.id, t.type, t.status, t.attempts, t.max_attempts, d.never_started,
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
 ),
--- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+-- Count the finish on the dependants' edges; a retry (queued) counts nothing.
 settled AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
@@ -433,7 +433,7 @@ SELECT f.id, f.type, f.status, f.attempts, f.max_attempts, f.never_started
  ORDER BY f.id;
 
 -- name: task_expire
--- Waiting tasks whose expiry passed before any attempt was spent (issue 15) end cancelled,
+-- Waiting tasks whose expiry passed before any attempt was spent end cancelled,
 -- with the reason 'expired', and are never run: the claim already skips them, and this pass
 -- (maintenance, every sweep) makes them final, so they do not sit queued for ever. Read
 -- from tasks_expiry_idx (only waiting tasks with an expiry and no attempt spent), oldest

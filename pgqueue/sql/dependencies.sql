@@ -16,7 +16,7 @@ SELECT id, status, parents_pending, cancelled_by, last_error, finished_at
   FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: task_insert_dependent
--- Tasks with parents (depends_on) or a workflow (issue 16), in one statement: all or nothing.
+-- Tasks with parents (depends_on) or a workflow, in one statement: all or nothing.
 -- The parents already in the table (committed, or inserted earlier in this transaction) are
 -- locked in id order and marked has_dependants, so that none can finish between this read
 -- and the commit, and the statement that finishes it settles these edges

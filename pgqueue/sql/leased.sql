@@ -40,7 +40,7 @@ RETURNING t.id, t.has_dependants
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
 ),
--- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
+-- Count the finish on the dependants' edges, releasing or cancelling them.
 settled AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
@@ -94,7 +94,7 @@ RETURNING t.id, t.status, t.attempts, t.visible_after, t.has_dependants
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status <> 'queued'
 ),
--- Count the finish on the dependants' edges (issue 16); a retry (queued) counts nothing.
+-- Count the finish on the dependants' edges; a retry (queued) counts nothing.
 settled AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
@@ -117,7 +117,7 @@ RETURNING t.id, t.has_dependants
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished
 ),
--- Count the finish on the dependants' edges, releasing or cancelling them (issue 16).
+-- Count the finish on the dependants' edges, releasing or cancelling them.
 settled AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
@@ -126,7 +126,7 @@ settled AS MATERIALIZED (
 SELECT f.* FROM finished AS f, woken, settled;
 
 -- name: task_snooze
--- A handler raised Snooze(after=...) (issue 15): back to queued, visible `after` seconds
+-- A handler raised Snooze(after=...): back to queued, visible `after` seconds
 -- from now, without spending the attempt (the claim's is given back) and one snooze more.
 -- Its wait keeps counting from when it first became ready, as a retry's does: a downstream
 -- that answers 429 for an hour is a backlog growing old. Only below the bound: at
@@ -153,7 +153,7 @@ snoozed AS (
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM snoozed WHERE status = 'cancelled'
 ),
-settled AS MATERIALIZED (  -- issue 16: a cancel is final
+settled AS MATERIALIZED (  -- a cancel is final
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
       FROM snoozed WHERE status = 'cancelled'
@@ -213,7 +213,7 @@ RETURNING t.id, t.queue, t.status, t.has_dependants
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
 ),
-settled AS MATERIALIZED (  -- issue 16: a cancel is final
+settled AS MATERIALIZED (  -- a cancel is final
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
       FROM finished WHERE status = 'cancelled'

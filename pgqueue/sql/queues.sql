@@ -82,7 +82,7 @@ doomed AS (
            ) AS d
      LIMIT %(limit)s
 ),
--- Issue 16: a pruned task's own edges and buckets go with it (primary-key ranges, by
+-- a pruned task's own edges and buckets go with it (primary-key ranges, by
 -- child_id); its edges as a parent stay until its dependants are pruned in turn.
 edges_gone AS (
     DELETE FROM pgqueue.task_dependencies AS d USING doomed WHERE d.child_id = doomed.id

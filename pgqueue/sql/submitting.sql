@@ -10,7 +10,7 @@
 -- pg_notify is transactional: idle workers wake only if (and when) the caller commits.
 -- The retry policy, field by field: the caller's, else the type's declaration (one primary-key
 -- read of pgqueue.task_types), else the default (see task_insert_plain). So are the queue and
--- the priority: NULL from the caller means "not given" (issue 15).
+-- the priority: NULL from the caller means "not given".
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
@@ -28,10 +28,10 @@ inserted AS (
            coalesce(%(run_at)s::timestamptz, clock.now + %(delay)s * interval '1 second'),
            clock.now, %(trace_context)s::jsonb,
            CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END,
-           -- The expiry (issue 15): an absolute time, or seconds from the server's clock.
+           -- The expiry: an absolute time, or seconds from the server's clock.
            coalesce(%(expires_at)s::timestamptz,
                     clock.now + %(expires_in)s::double precision * interval '1 second'),
-           %(workflow_id)s::uuid  -- a workflow's root task with a key (issue 16)
+           %(workflow_id)s::uuid  -- a workflow's root task with a key
       FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, priority, visible_after, created_at, max_attempts, expires_at
@@ -65,7 +65,7 @@ SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
                 coalesce(%(now)s::timestamptz, now()) + %(delay)s * interval '1 second'),
        coalesce(%(now)s::timestamptz, now()), %(trace_context)s::jsonb,
        CASE WHEN %(explicit)s::boolean IS NOT TRUE AND d.type IS NULL THEN true END,
-       -- The expiry (issue 15), as in task_insert.
+       -- The expiry, as in task_insert.
        coalesce(%(expires_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, now())
                 + %(expires_in)s::double precision * interval '1 second')
@@ -113,8 +113,8 @@ SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::j
        coalesce(v.run_at, clock.now + v.delay * interval '1 second'), clock.now,
        %(trace_context)s::jsonb,
        CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END,
-       coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second'),  -- issue 15
-       v.workflow_id  -- a workflow's root task with a key (issue 16)
+       coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second'),
+       v.workflow_id  -- a workflow's root task with a key
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],

@@ -30,7 +30,7 @@ SELECT * FROM pgqueue.tasks
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
 -- handler sees the flag through its context (cooperative cancellation).
--- The worker holding a running task's lease is told at once, on commit (issue 15): a NOTIFY
+-- The worker holding a running task's lease is told at once, on commit: a NOTIFY
 -- on pgqueue_cancel, "OWNER TASK_ID", which its listener turns into the handler's stop flag
 -- within milliseconds instead of at its next heartbeat (a third of the lease later). The
 -- heartbeat still reads the flag: a notification lost while the listener reconnects is only
@@ -53,7 +53,7 @@ RETURNING t.*,
 woken AS MATERIALIZED (
     SELECT pgqueue.task_waiters_wake(array_agg(id)) FROM finished WHERE status = 'cancelled'
 ),
-settled AS MATERIALIZED (  -- issue 16: a cancel is final
+settled AS MATERIALIZED (  -- a cancel is final
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_settle(
                array_agg(id) FILTER (WHERE has_dependants)) END
       FROM finished WHERE status = 'cancelled'
@@ -84,7 +84,7 @@ UPDATE pgqueue.tasks AS t
  WHERE t.id = picked.id
 RETURNING t.id, t.queue, t.has_dependants
 ),
--- The dependants its failure cancelled wait for it again (issue 16).
+-- The dependants its failure cancelled wait for it again.
 revived AS MATERIALIZED (
     SELECT CASE WHEN bool_or(has_dependants) THEN pgqueue.task_dependants_revive(
                array_agg(id) FILTER (WHERE has_dependants)) END
