@@ -1,5 +1,5 @@
 """What the holder of a lease writes about its task: completed, failed, cancelled,
-snoozed, kept alive (heartbeat) or given back (release).
+snoozed, kept alive (heartbeat) or given back (release); and whether a cancel was asked.
 
 Every statement here is fenced by the lease (the task's id and its lease token): a worker
 that lost its lease gets LeaseLost, or its task left out of the result, never a silent
@@ -159,6 +159,18 @@ def task_heartbeat(
         held={r["id"]: r["lease_expires_at"] for r in rows},
         cancel_requested={r["id"] for r in rows if r["cancel_requested"]},
     )
+
+
+def task_cancel_requested(leases: Sequence[Lease]) -> Op[set[uuid.UUID]]:
+    """The tasks of ``leases``, still held, whose cancellation someone requested."""
+    if not leases:
+        return set()
+    rows = yield Query(
+        "task_cancel_requested",
+        {"ids": [lease.task_id for lease in leases], "tokens": [lease.token for lease in leases]},
+        prepare=False,
+    )
+    return {r["id"] for r in rows}
 
 
 def task_release(leases: Sequence[Lease], now: datetime | None = None) -> Op[set[uuid.UUID]]:

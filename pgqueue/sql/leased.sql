@@ -1,5 +1,6 @@
 -- What the holder of a lease writes about its task, each statement fenced by the lease:
--- complete, fail, cancel, snooze, heartbeat, release (pgqueue/queries/leased.py).
+-- complete, fail, cancel, snooze, heartbeat, release; and the one thing it reads, whether
+-- someone asked it to cancel (pgqueue/queries/leased.py).
 -- Each statement starts with "-- name: NAME" and a line saying why; the names are unique across
 -- the files of this directory (the loader refuses a duplicate). Parameters use psycopg's
 -- %(name)s style; %(now)s is NULL in production and a fixed time in tests, so tests control the
@@ -181,6 +182,20 @@ UPDATE pgqueue.tasks AS t
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
 RETURNING t.id, t.cancel_requested, t.lease_expires_at;
+
+-- name: task_cancel_requested
+-- Which of the caller's leased tasks someone asked to cancel: what a worker that hears no
+-- pgqueue_cancel notification (behind a transaction pooler, without a LISTEN URL) asks twice
+-- a second while it runs tasks, instead of waiting for its next heartbeat. A read, no lock,
+-- each row by its id in a lateral (as task_complete says why), fenced by the token: a lease
+-- lost meanwhile is left out (the heartbeat's to report).
+SELECT t.id
+  FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS v(id, token)
+ CROSS JOIN LATERAL (
+       SELECT id FROM pgqueue.tasks
+        WHERE id = v.id AND lease_token = v.token AND cancel_requested
+        LIMIT 1
+       ) AS t;
 
 -- name: task_release
 -- Hand tasks back untouched (graceful shutdown): queued at once, the attempt not counted.

@@ -9,19 +9,32 @@ lease and calls :meth:`Cancels.requested` too: a notification lost while the lis
 disconnected is never missed, and the listener has the heartbeat beat as soon as it is
 connected again, so it is late by the reconnection, not by a third of the lease. Whichever
 comes first wins; the other finds the flag already set and does nothing.
+
+A worker with no listener (behind a transaction pooler without a LISTEN URL: LISTEN through
+the pooler hears nothing) has a third path, :class:`CancelPoll`: every CANCEL_POLL_SECONDS,
+while it runs tasks, one read of their cancel flags (task_cancel_requested, by primary key,
+no lock), so a handler hears a cancel within about half a second, not a third of the lease
+later. An idle worker sends nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 
 from pgqueue.log import event
+from pgqueue.queries.driver import arun
+from pgqueue.queries.leased import task_cancel_requested
 from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database import Database
 from pgqueue.worker.state import Slots
 
 # The channel task_cancel notifies (sql/tasks.sql); one for every worker, each keeping the
 # payloads that name it: cancels are rare, and a worker id may be longer than a channel name.
 CANCEL_CHANNEL = "pgqueue_cancel"
+# How often a worker without a listener reads its running tasks' cancel flags.
+CANCEL_POLL_SECONDS = 0.5
 
 
 class Cancels:
@@ -61,3 +74,53 @@ class Cancels:
             via=via,
         )
         return True
+
+
+class CancelPoll:
+    """``run`` reads the cancel flags of the tasks this worker runs every ``interval``
+    seconds until cancelled (nothing while none runs); ``poll_once`` is one read."""
+
+    def __init__(
+        self,
+        cancels: Cancels,
+        *,
+        db: Database,
+        slots: Slots,
+        interval: float = CANCEL_POLL_SECONDS,
+    ) -> None:
+        self._cancels = cancels
+        self._db = db
+        self._running = slots.running
+        self.interval = interval
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.poll_once()
+            except Exception as exc:  # a statement error: the heartbeat still brings cancels
+                event(
+                    "worker.cancel_poll_error",
+                    logging.WARNING,
+                    error=str(exc).strip().splitlines()[0]
+                    if str(exc).strip()
+                    else type(exc).__name__,
+                    retry_in_s=self.interval,
+                )
+
+    async def poll_once(self) -> int:
+        """One read; how many handlers it told to stop."""
+        leases = [
+            r.task.lease
+            for r in self._running.values()
+            if not (r.released or r.recording or r.ctx.cancel_requested)
+        ]
+        if not leases:
+            return 0
+        requested = await self._db.call(
+            lambda c: arun(c, task_cancel_requested(leases)), attempts=1
+        )
+        told = 0
+        for task_id in sorted(requested or ()):
+            told += self._cancels.requested(task_id, via="poll")
+        return told
