@@ -22,6 +22,16 @@ interval: a scheduled task is found as soon as an idle worker's poll would find 
 more often than keeps these full walks under a twentieth of the time (a full walk that took
 50 ms waits at least a second), so that a snapshot held for hours slows the retries, not the
 queue.
+
+A worker that hears no notifications (behind a transaction pooler without a LISTEN URL, or
+with NOTIFY off) hears no ``pgqueue_released`` either, so its claimer passes a
+``rescan_seconds`` of 0: a claim walks from the start whenever the spacing above allows,
+which, while full walks are as cheap as any (a millisecond or two, a round trip through the
+pooler included), is every few tens of milliseconds, so a released dependant or a replayed
+dead letter waits about as long as a new task does. This is correct for the same reason as
+the retries' case: the cursor only ever skips tasks older than it, every full walk sees all
+of them, and full walks never stop, only space out (by twenty times their cost) when a
+pinned snapshot makes them expensive, which is the one case the cursor exists for.
 """
 
 from __future__ import annotations
