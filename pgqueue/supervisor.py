@@ -142,6 +142,9 @@ def give_back(database_url: str, owner: str, cause: str, pid: int) -> list[dict[
         autocommit=True,
         connect_timeout=int(GIVE_BACK_SECONDS),
         application_name="pgqueue-supervisor",
+        # One statement, then closed: preparing gains nothing, and behind a transaction
+        # pooler a prepared statement is what breaks.
+        prepare_threshold=None,
     )
     try:
         left = max(GIVE_BACK_SECONDS - (time.monotonic() - started), 0.5)

@@ -21,6 +21,7 @@ import typer
 from pgqueue.cli.state import state
 from pgqueue.config import DEFAULT_QUEUE, ENV_DATABASE_URL, EXIT_RECYCLE, max_result_bytes
 from pgqueue.enqueue import check_name
+from pgqueue.pooling import ENV_LISTEN_URL, ENV_POOLER
 
 if TYPE_CHECKING:
     from pgqueue.registry import TaskRegistry
@@ -123,6 +124,28 @@ MetricsHostOption = Annotated[
         "127.0.0.1 where the port must stay local.",
     ),
 ]
+PoolerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pooler",
+        envvar=ENV_POOLER,
+        show_envvar=True,
+        help="What is between the worker and PostgreSQL: none, session, or transaction for a "
+        "transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy), where the worker and "
+        "its children prepare no statement and LISTEN only on --listen-url; without one "
+        "they poll, adaptively. Default: the global --pooler, else none.",
+    ),
+]
+ListenUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--listen-url",
+        envvar=ENV_LISTEN_URL,
+        show_envvar=True,
+        help="A direct PostgreSQL URL (bypassing the pooler) used only to LISTEN for "
+        "wake-ups and cancels. Default: the database URL, unless --pooler is transaction.",
+    ),
+]
 
 # How a supervisor tells a spawned child the worker id it chose for it (its lease owner,
 # whose tasks the supervisor fails should the child die): not for people, so not in --help.
@@ -216,10 +239,14 @@ class WorkerOptions:
     max_tasks_per_child: int | None = None
     max_memory_per_child: float | None = None
     memory_limit: float | None = None
+    pooler: str = "none"
+    # Given to a spawned child in its environment, not its argv, like the database URL.
+    listen_url: str | None = None
 
 
 @commands.command()
 def worker(
+    ctx: typer.Context,
     registry: RegistryArg = None,
     django: DjangoOption = False,
     queue: QueuesOption = None,
@@ -249,6 +276,8 @@ def worker(
     max_tasks_per_child: MaxTasksPerChildOption = None,
     max_memory_per_child: MaxMemoryPerChildOption = None,
     memory_limit: MemoryLimitOption = None,
+    pooler: PoolerOption = None,
+    listen_url: ListenUrlOption = None,
 ) -> None:
     """Run handlers for queued tasks until SIGTERM/SIGINT (a second signal, a second or more
     later, stops at once).
@@ -294,6 +323,8 @@ def worker(
         max_tasks_per_child=max_tasks_per_child,
         max_memory_per_child=max_memory_per_child,
         memory_limit=memory_limit,
+        pooler=_pooler(ctx, pooler),
+        listen_url=listen_url,
     )
     _config(options)  # a bad combination refused here, before any process or connection
     if "." not in sys.path and "" not in sys.path:
@@ -315,6 +346,23 @@ def worker(
     code = _run(tasks, url, options)
     if code:
         raise typer.Exit(code)
+
+
+def _pooler(ctx: typer.Context, given: str | None) -> str:
+    """The pooler mode: this command's --pooler, else the global --pooler (the root's, where
+    there is one), else PGQUEUE_POOLER, else none. An explicit global option beats the
+    environment variable this command read on its own."""
+    from pgqueue.pooling import resolve_pooler
+
+    source = ctx.get_parameter_source("pooler")
+    from_environment = source is not None and source.name == "ENVIRONMENT"
+    root = getattr(state, "pooler", None)
+    if given is None or (from_environment and root is not None):
+        given = root
+    try:
+        return resolve_pooler(given)
+    except Exception as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--pooler'") from None
 
 
 def _django_tasks() -> tuple[TaskRegistry, str]:
@@ -368,6 +416,7 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
     if options.max_overrunning is not None:
         argv += ["--max-overrunning", str(options.max_overrunning)]
     argv += ["--executor", options.executor, "--hard-timeout", str(options.hard_timeout)]
+    argv += ["--pooler", options.pooler]
     for name, given in (
         ("--process-pool-size", options.process_pool_size),
         ("--max-tasks-per-child", options.max_tasks_per_child),
@@ -397,6 +446,8 @@ def _supervise(
     # can read a command line (ps), and the URL may hold a password.
     argv = _child_argv(registry, options)
     env = {**os.environ, ENV_DATABASE_URL: url}
+    if options.listen_url:
+        env[ENV_LISTEN_URL] = options.listen_url
     first_port = options.metrics_port
     if first_port is not None:
         argv += ["--metrics-host", options.metrics_host]
@@ -486,4 +537,6 @@ def _config(options: WorkerOptions) -> WorkerConfig:
         max_tasks_per_child=options.max_tasks_per_child,
         max_memory_per_child=options.max_memory_per_child,
         memory_limit=options.memory_limit,
+        pooler=options.pooler,
+        listen_url=options.listen_url,
     )

@@ -10,7 +10,8 @@ import socket
 import uuid
 
 from pgqueue.enqueue import check_name
-from pgqueue.errors import ValidationError
+from pgqueue.errors import ConfigurationError, ValidationError
+from pgqueue.pooling import connection_kwargs, resolve_pooler
 from pgqueue.worker.maintenance import MaintenanceConfig
 
 
@@ -65,6 +66,15 @@ class WorkerConfig:
     max_tasks_per_child: int | None = None
     max_memory_per_child: float | None = None
     memory_limit: float | None = None
+    # What stands between the worker and PostgreSQL (pgqueue/pooling.py): "transaction" for a
+    # transaction-mode pooler (PgBouncer, Supavisor, RDS Proxy), whose connections may hold
+    # no session state: nothing prepared, no LISTEN through it, and, without a listen_url,
+    # polling that adapts to the traffic (claimer.py) and for cancels (cancels.py). None:
+    # PGQUEUE_POOLER, else "none"; the worker stores what it resolved.
+    pooler: str | None = None
+    # A direct URL (bypassing the pooler) used for LISTEN only. None: PGQUEUE_LISTEN_URL,
+    # else the database URL, unless the pooler is "transaction" (then no LISTEN at all).
+    listen_url: str | None = None
 
     def __post_init__(self) -> None:
         if not self.queues:
@@ -95,6 +105,11 @@ class WorkerConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ValidationError("metrics_port", f"must be 0 to 65535, not {self.metrics_port}")
         self._check_processes()
+        if self.pooler is not None:
+            try:
+                self.pooler = resolve_pooler(self.pooler)
+            except ConfigurationError as exc:
+                raise ValidationError("pooler", str(exc).removeprefix("pooler ")) from None
         if not self.worker_id:
             self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -135,6 +150,12 @@ class WorkerConfig:
                 f"must be below memory_limit ({hard:g} MB), not {soft:g} MB: a child is "
                 "recycled between tasks at the first, and killed mid-task at the second",
             )
+
+    @property
+    def connection_kwargs(self) -> dict[str, object]:
+        """What the worker passes to every connection it opens on the database URL (its pool,
+        the handlers' pools, a process child's): behind a transaction pooler, no preparing."""
+        return connection_kwargs(self.pooler or "none")
 
     @property
     def process_children(self) -> int:

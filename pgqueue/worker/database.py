@@ -47,7 +47,7 @@ class Database:
             min_size=1,
             max_size=POOL_MAX,
             open=False,
-            kwargs={"autocommit": True, "connect_timeout": 10},
+            kwargs={"autocommit": True, "connect_timeout": 10, **self._config.connection_kwargs},
             name="pgqueue-worker",
         )
         await self.pool.open(wait=False)

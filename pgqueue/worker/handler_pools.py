@@ -3,7 +3,9 @@
 
 Separate from the worker's own pool so that handlers holding transactions open cannot starve
 claims, completions and heartbeats, and created on first use so that workers whose handlers
-never ask hold no extra connections.
+never ask hold no extra connections. Behind a transaction pooler their connections prepare
+nothing (WorkerConfig.connection_kwargs): a handler's statements and the completion written
+in its transaction are the same few statements again and again, which psycopg would prepare.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class HandlerPools:
                     min_size=0,
                     max_size=self._config.concurrency,
                     open=False,
-                    kwargs={"connect_timeout": 10},
+                    kwargs={"connect_timeout": 10, **self._config.connection_kwargs},
                     # Checked before each loan: a connection the server dropped while it sat
                     # in the pool (a restart, pg_terminate_backend) would otherwise fail the
                     # next handler's transaction and cost its task an attempt.
@@ -52,7 +54,7 @@ class HandlerPools:
                     self.database_url,
                     min_size=0,
                     max_size=self._config.concurrency,
-                    kwargs={"connect_timeout": 10},
+                    kwargs={"connect_timeout": 10, **self._config.connection_kwargs},
                     check=ConnectionPool.check_connection,  # as for the async pool above
                     name="pgqueue-sync-handlers",
                     open=True,

@@ -7,6 +7,11 @@ claims got to) makes the next claim of that queue walk its index from the start 
 A connection of its own, outside the pool: it sits in LISTEN for the worker's whole life. It is
 re-established after any disconnect, and every (re)connection wakes the claimer, since the
 notifications sent while it was deaf are gone.
+
+Its URL is the worker's ``listen_url`` (pgqueue/pooling.py: ``resolve_listen_url``): the
+database URL, or a direct URL that bypasses a transaction-mode pooler, through which a LISTEN
+would hear nothing. Behind such a pooler without one, the worker has no listener at all: it
+polls adaptively (claimer.py), and reads its running tasks' cancel flags (cancels.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ class Listener:
 
     def __init__(
         self,
-        database_url: str,
+        database_url: str,  # the URL to LISTEN on: the worker's listen_url
         config: WorkerConfig,
         *,
         wake: asyncio.Event,

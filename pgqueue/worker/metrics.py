@@ -534,6 +534,7 @@ class _QueueDepth:
                 autocommit=True,
                 connect_timeout=QUEUE_DEPTH_TIMEOUT_SECONDS,
                 application_name="pgqueue-worker-metrics",
+                prepare_threshold=None,  # one read per scrape gains nothing; a pooler breaks it
             )
         with self._conn.transaction():
             timeout = QUEUE_DEPTH_TIMEOUT_SECONDS * 1000

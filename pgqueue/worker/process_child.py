@@ -68,6 +68,7 @@ from pgqueue.executor import (
     describe,
 )
 from pgqueue.models import ClaimedTask
+from pgqueue.pooling import connection_kwargs
 from pgqueue.registry import Handler, TaskRegistry
 from pgqueue.supervisor import fork_hazard
 from pgqueue.worker.process_wire import (
@@ -104,6 +105,9 @@ class ChildSettings:
     sys_path: list[str]
     registry: str | None  # module:attribute, for a spawned fork server or child
     parent_pid: int  # the worker: the fork server dies with it
+    # The worker's resolved pooler mode: behind a transaction pooler, ctx.connection
+    # prepares nothing either (pgqueue.pooling.connection_kwargs).
+    pooler: str = "none"
 
     def message(self) -> dict[str, Any]:
         return {"op": "init", **dataclasses.asdict(self)}
@@ -119,6 +123,7 @@ class ChildSettings:
             sys_path=list(message["sys_path"]),
             registry=message["registry"],
             parent_pid=message["parent_pid"],
+            pooler=message.get("pooler") or "none",
         )
 
 
@@ -374,8 +379,9 @@ class _OwnConnection:
     each loan (the server may have dropped it while it sat idle), kept between tasks. It
     stands where the worker's handler pool does (TaskContext asks for getconn/putconn)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pooler: str = "none") -> None:
         self._url = url
+        self._kwargs = connection_kwargs(pooler)
         self._conn: psycopg.Connection[Any] | None = None
 
     def getconn(self) -> psycopg.Connection[Any]:
@@ -388,7 +394,7 @@ class _OwnConnection:
                     conn.close()
                 conn = None
         if conn is None:
-            conn = self._conn = psycopg.connect(self._url, connect_timeout=10)
+            conn = self._conn = psycopg.connect(self._url, connect_timeout=10, **self._kwargs)
         return conn
 
     def putconn(self, conn: psycopg.Connection[Any]) -> None:
@@ -408,8 +414,9 @@ class _OwnConnection:
 class _OwnAsyncConnection:
     """``await ctx.aconnection()`` in a child: as :class:`_OwnConnection`, async."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pooler: str = "none") -> None:
         self._url = url
+        self._kwargs = connection_kwargs(pooler)
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def getconn(self) -> psycopg.AsyncConnection[Any]:
@@ -422,7 +429,9 @@ class _OwnAsyncConnection:
                     await conn.close()
                 conn = None
         if conn is None:
-            conn = self._conn = await psycopg.AsyncConnection.connect(self._url, connect_timeout=10)
+            conn = self._conn = await psycopg.AsyncConnection.connect(
+                self._url, connect_timeout=10, **self._kwargs
+            )
         return conn
 
     async def putconn(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -491,8 +500,8 @@ class Child:
         self._reading = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self.current: _Current | None = None
-        self._conn = _OwnConnection(settings.database_url)
-        self._aconn = _OwnAsyncConnection(settings.database_url)
+        self._conn = _OwnConnection(settings.database_url, settings.pooler)
+        self._aconn = _OwnAsyncConnection(settings.database_url, settings.pooler)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self) -> int:

@@ -256,6 +256,7 @@ class ProcessPool:
             sys_path=list(sys.path),
             registry=spec,
             parent_pid=os.getpid(),
+            pooler=self._config.pooler or "none",
         )
         if hazard is None:
             server = _fork_server(self._registry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -21,10 +22,11 @@ from pgqueue import aio, db, migrate
 from pgqueue.config import EXIT_RECYCLE, max_result_bytes, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.log import event
+from pgqueue.pooling import resolve_listen_url, resolve_notify, resolve_pooler
 from pgqueue.queries.driver import arun
 from pgqueue.queries.maintenance import schema_revision
 from pgqueue.registry import TaskRegistry
-from pgqueue.worker.cancels import Cancels
+from pgqueue.worker.cancels import CancelPoll, Cancels
 from pgqueue.worker.claimer import Claimer
 from pgqueue.worker.completer import Completer
 from pgqueue.worker.config import WorkerConfig
@@ -48,13 +50,23 @@ SIGNAL_ECHO_SECONDS = 1.0
 class Worker:
     """Runs the handlers of ``registry`` for tasks of ``config.queues``. Once it has run,
     ``exit_code`` is 0, or ``pgqueue.config.EXIT_RECYCLE`` when it stopped to be replaced
-    (``WorkerConfig.max_overrunning``)."""
+    (``WorkerConfig.max_overrunning``).
+
+    ``pooler="transaction"`` (else ``config.pooler``, else ``PGQUEUE_POOLER``) is for a
+    database URL that goes through a transaction-mode pooler (PgBouncer, Supavisor, RDS
+    Proxy): no connection of the worker or its children prepares a statement, and it LISTENs
+    only on ``listen_url`` (else ``config.listen_url``, else ``PGQUEUE_LISTEN_URL``), a
+    direct URL; without one it polls, adaptively (see worker/claimer.py), and reads its
+    running tasks' cancel flags twice a second (worker/cancels.py)."""
 
     def __init__(
         self,
         registry: TaskRegistry,
         database_url: str | None = None,
         config: WorkerConfig | None = None,
+        *,
+        pooler: str | None = None,
+        listen_url: str | None = None,
     ) -> None:
         # Read once, first: a bad PGQUEUE_MAX_RESULT_BYTES stops the worker before it starts
         # anything (the embedded server included), not at its first result, and no task pays
@@ -62,7 +74,20 @@ class Worker:
         self._max_result_bytes = max_result_bytes()
         self.registry = registry
         self.database_url = resolve_database_url(database_url)
-        self.config = config or WorkerConfig()
+        config = config or WorkerConfig()
+        # Resolved once, here, into the worker's own copy of the config, which every service
+        # and child process is given: none of them reads the environment again.
+        self.config = dataclasses.replace(
+            config,
+            pooler=resolve_pooler(pooler or config.pooler),
+            listen_url=listen_url or config.listen_url,
+        )
+        # Where to LISTEN (None: nowhere), and whether producers NOTIFY: without both, the
+        # claimer polls adaptively, and without a listener, running tasks' cancel flags too.
+        self.listen_url = resolve_listen_url(
+            self.database_url, listen_url=self.config.listen_url, pooler=self.config.pooler
+        )
+        hears_enqueues = self.listen_url is not None and resolve_notify()
         self._slots = Slots()
         self._stop = StopRequest()
         self._signalled_at: float | None = None  # when the last stop signal was taken
@@ -116,17 +141,23 @@ class Worker:
             stop=self._stop,
             start=self._runner.start,
             declarations=registry.declarations(),
+            adaptive=not hears_enqueues,
         )
         self._cancels = Cancels(cfg, slots=slots)
         self._heartbeat = Heartbeat(cfg, db=self._db, slots=slots, cancels=self._cancels)
-        self._listener = Listener(
-            url,
-            cfg,
-            wake=slots.wake,
-            on_cancel=self._cancels.notified,
-            on_connect=self._heartbeat.soon,
-            on_released=self._claimer.starts.forget,
-        )
+        self._listener: Listener | None = None
+        self._cancel_poll: CancelPoll | None = None
+        if self.listen_url is not None:
+            self._listener = Listener(
+                self.listen_url,
+                cfg,
+                wake=slots.wake,
+                on_cancel=self._cancels.notified,
+                on_connect=self._heartbeat.soon,
+                on_released=self._claimer.starts.forget,
+            )
+        else:
+            self._cancel_poll = CancelPoll(self._cancels, db=self._db, slots=slots)
         self._scheduler = Scheduler(registry, db=self._db)
 
     @property
@@ -208,9 +239,13 @@ class Worker:
     async def _run(self, install_signal_handlers: bool) -> None:
         cfg = self.config
         conn, autovacuum = await self._wait_for_database()
-        # The check's connection is the listener's: one connection (a server process) fewer
-        # to open while the worker starts.
-        self._listener.adopt(conn)
+        listener = self._listener
+        if listener is not None and listener.database_url == self.database_url:
+            # The check's connection is the listener's: one connection (a server process)
+            # fewer to open while the worker starts.
+            listener.adopt(conn)
+        else:  # nothing to LISTEN on, or a direct URL other than the one checked
+            await conn.close()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -219,7 +254,8 @@ class Worker:
             pool = await self._db.open()
             self._runner.open()
         except BaseException:
-            await self._listener.close()
+            if listener is not None:
+                await listener.close()
             raise
         self._watchdog.start()
         event(
@@ -229,6 +265,8 @@ class Worker:
             concurrency=cfg.concurrency,
             lease_s=cfg.lease_seconds,
             handlers=",".join(self.registry.types),
+            pooler=cfg.pooler,
+            wake_ups="poll" if self._claimer.polls.adaptive else "notify",
         )
         helpers = self._start_helpers(pool)
         if autovacuum == "off":
@@ -260,10 +298,13 @@ class Worker:
         heartbeat and the completer must outlive the drain: its tasks still finish)."""
         cfg = self.config
         helpers = [
-            asyncio.create_task(self._listener.run(), name="listener"),
             asyncio.create_task(self._heartbeat.run(), name="heartbeat"),
             asyncio.create_task(self._completer.run(), name="completer"),
         ]
+        if self._listener is not None:
+            helpers.append(asyncio.create_task(self._listener.run(), name="listener"))
+        if self._cancel_poll is not None:
+            helpers.append(asyncio.create_task(self._cancel_poll.run(), name="cancel-poll"))
         if cfg.scheduler and self.registry.schedules:
             helpers.append(asyncio.create_task(self._scheduler.run(), name="scheduler"))
         if cfg.maintenance.enabled:
@@ -326,8 +367,9 @@ class Worker:
 
     async def _close(self) -> None:
         self._runner.close()
-        with contextlib.suppress(Exception):
-            await self._listener.close()  # its connection, if it was stopped before taking it
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()  # its connection, if it was stopped before taking it
         for pool in (self._pools.async_pool, self._db.pool):
             if pool is not None:
                 with contextlib.suppress(Exception):
