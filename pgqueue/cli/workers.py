@@ -288,14 +288,7 @@ def worker(
     from pgqueue.registry import load
 
     log.configure(log_format, log_level)
-    _check_metrics_ports(metrics_port, processes)
-    for name in queue or []:  # before any connection: a queue no task can be in
-        check_name("queue", name)
-    max_result_bytes()  # a bad PGQUEUE_MAX_RESULT_BYTES: refused here, not by N children
-    if processes > 1:
-        from pgqueue.supervisor import start_method
-
-        start_method()  # a bad PGQUEUE_WORKER_START_METHOD, likewise
+    _check_early(queue, metrics_port, processes)
     options = WorkerOptions(
         queues=queue or [DEFAULT_QUEUE],
         concurrency=concurrency,
@@ -346,6 +339,18 @@ def worker(
     code = _run(tasks, url, options)
     if code:
         raise typer.Exit(code)
+
+
+def _check_early(queues: list[str] | None, metrics_port: int | None, processes: int) -> None:
+    """What can be refused before any process or connection is started."""
+    _check_metrics_ports(metrics_port, processes)
+    for name in queues or []:  # before any connection: a queue no task can be in
+        check_name("queue", name)
+    max_result_bytes()  # a bad PGQUEUE_MAX_RESULT_BYTES: refused here, not by N children
+    if processes > 1:
+        from pgqueue.supervisor import start_method
+
+        start_method()  # a bad PGQUEUE_WORKER_START_METHOD, likewise
 
 
 def _pooler(ctx: typer.Context, given: str | None) -> str:

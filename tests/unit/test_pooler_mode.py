@@ -5,6 +5,7 @@ and what its connections and children are given."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 import uuid
@@ -52,7 +53,7 @@ def test_without_notifications_polls_start_short_after_work_and_back_off_to_the_
     assert polls.after(2) == POLL_AFTER_WORK
     sleeps = [polls.after(0) for _ in range(12)]
     assert sleeps[0] == pytest.approx(POLL_AFTER_WORK * POLL_GROWTH)
-    assert all(b == pytest.approx(min(a * POLL_GROWTH, 0.5)) for a, b in zip(sleeps, sleeps[1:]))
+    assert all(b == pytest.approx(min(a * POLL_GROWTH, 0.5)) for a, b in itertools.pairwise(sleeps))
     assert sleeps[-1] == 0.5
     polls.found()  # a full batch: claimed again at once, and short after that
     assert polls.after(0) == pytest.approx(POLL_AFTER_WORK * POLL_GROWTH)
@@ -111,12 +112,10 @@ def test_with_a_rescan_interval_of_zero_every_cheap_claim_walks_from_the_start()
 
 
 class FakeDatabase:
-    """Stands in for worker/database.py: answers every call with ``answer``, and records the
-    leases asked about."""
+    """Stands in for worker/database.py: answers every call with ``answer``."""
 
     def __init__(self, answer: set[uuid.UUID]) -> None:
         self.answer = answer
-        self.asked: list[list[uuid.UUID]] = []
 
     async def call(self, fn: Any, *, attempts: int | None = None) -> Any:
         op = fn(None)  # arun(None, op): a coroutine; look at the op instead
@@ -222,9 +221,7 @@ def test_the_workers_config_is_its_own_copy() -> None:
     assert worker.config.worker_id == config.worker_id
 
 
-def test_a_spawned_supervised_child_is_told_the_mode_and_not_the_listen_url_on_its_command_line() -> (
-    None
-):
+def test_a_spawned_supervised_child_gets_the_mode_but_not_the_listen_url_on_its_command_line():
     from pgqueue.cli.workers import WorkerOptions, _child_argv
 
     options = WorkerOptions(
