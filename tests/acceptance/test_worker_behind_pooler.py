@@ -14,6 +14,7 @@ measures the latencies.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -72,6 +73,16 @@ def completed(conn: psycopg.Connection[Any], ids: list[uuid.UUID]) -> bool:
     return row is not None and row[0] == len(ids)
 
 
+def retried(conn: psycopg.Connection[Any], ids: list[uuid.UUID]) -> list[tuple[Any, ...]]:
+    """The tasks among ``ids`` that took more than one attempt, with their last error: behind
+    the pooler, a statement prepared on one server connection fails on the next."""
+    rows = conn.execute(
+        "SELECT id, attempts, last_error FROM pgqueue.tasks WHERE id = ANY(%s) AND attempts > 1",
+        (ids,),
+    ).fetchall()
+    return [tuple(r) for r in rows]
+
+
 def listening(conn: psycopg.Connection[Any]) -> list[tuple[int, str]]:
     """(client port, query) of the backends of this database sitting in a LISTEN."""
     rows = conn.execute(
@@ -90,6 +101,29 @@ def pooler_ports(pooler: PgBouncer) -> set[int]:
         cur = c.execute("SHOW SERVERS")
         names = [d.name for d in cur.description or []]
         return {int(row[names.index("local_port")]) for row in cur.fetchall()}
+
+
+@contextlib.contextmanager
+def churn(pooled_database_url: str, clients: int = 3) -> Iterator[None]:
+    """Other clients' short transactions through the pooler meanwhile, so that one client's
+    consecutive transactions land on different server connections (alone, a client keeps
+    getting the one it last used, and a prepared statement would work by luck)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        with psycopg.connect(pooled_database_url, autocommit=True, prepare_threshold=None) as c:
+            while not stop.is_set():
+                c.execute("SELECT pg_sleep(0.01)")
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
 
 
 def stay_up(worker: WorkerProcess, since: float) -> None:
@@ -137,6 +171,7 @@ def test_a_worker_behind_a_transaction_pooler_runs_200_tasks_from_several_produc
         p.join()
     wait_until(lambda: completed(pooled, ids), timeout=120, what="200 tasks", alive=[worker])
     assert len(starts(pooled)) == 200  # each ran once, its write committed with its completion
+    assert retried(pooled, ids) == []
     stay_up(worker, began)
     assert listening(pooled) == []  # no LISTEN reached a server connection
     assert "DuplicatePreparedStatement" not in worker.stderr()
@@ -245,6 +280,7 @@ def test_supervised_children_inherit_the_pooler_mode(
     )  # fmt: skip
     ids = run_tasks(pooled, 100)
     wait_until(lambda: completed(pooled, ids), timeout=120, what="100 tasks", alive=[supervisor])
+    assert retried(pooled, ids) == []
     stay_up(supervisor, began)
     exits = [e for e in supervisor.events() if e["event"] == "worker.process_exited"]
     assert exits == [], exits
@@ -261,10 +297,12 @@ def test_process_executor_children_inherit_the_pooler_mode(
         pooled_database_url, *POOLER, "--process-pool-size", "1", "--log-format", "json",
         registry="pooler_handlers:process_tasks",
     )  # fmt: skip
-    ids = run_tasks(pooled, 40, "pooled_process")
-    wait_until(lambda: completed(pooled, ids), timeout=120, what="40 tasks", alive=[worker])
-    assert len(starts(pooled)) == 40
-    stay_up(worker, began)
+    with churn(pooled_database_url):
+        ids = run_tasks(pooled, 40, "pooled_process")
+        wait_until(lambda: completed(pooled, ids), timeout=120, what="40 tasks", alive=[worker])
+        assert len(starts(pooled)) == 40
+        assert retried(pooled, ids) == []
+        stay_up(worker, began)
     died = [e for e in worker.events() if e["event"] == "worker.child_died"]
     assert died == [], died
 
@@ -278,16 +316,19 @@ def test_limits_periodic_tasks_and_workflows_run_through_the_pooler(
         pooled_database_url, *POOLER, "--queue", "default", "--queue", "periodic",
         "--log-format", "json", registry="pooler_handlers:everything",
     )  # fmt: skip
-    limited = run_tasks(pooled, 30)
-    chain = pgqueue.chain(pooled_add.s(1, 2), pooled_add.s(10), pooled_add.s(100)).enqueue(pooled)
-    wait_until(
-        lambda: completed(pooled, limited) and completed(pooled, [t.id for t in chain.tasks]),
-        timeout=120, what="the limited tasks and the chain", alive=[worker],
-    )  # fmt: skip
-    assert [pgqueue.get_task(pooled, t.id).result for t in chain.tasks] == [3, 13, 113]
-    wait_until(
-        lambda: len(starts(pooled, "pooled_beat")) >= 2,
-        timeout=30, what="two ticks of the schedule to run", alive=[worker],
-    )  # fmt: skip
-    stay_up(worker, began)
+    with churn(pooled_database_url):
+        limited = run_tasks(pooled, 30)
+        chain = pgqueue.chain(pooled_add.s(1, 2), pooled_add.s(10), pooled_add.s(100))
+        workflow = chain.enqueue(pooled)
+        wait_until(
+            lambda: completed(pooled, [*limited, *(t.id for t in workflow.tasks)]),
+            timeout=120, what="the limited tasks and the chain", alive=[worker],
+        )  # fmt: skip
+        assert [pgqueue.get_task(pooled, t.id).result for t in workflow.tasks] == [3, 13, 113]
+        assert retried(pooled, [*limited, *(t.id for t in workflow.tasks)]) == []
+        wait_until(
+            lambda: len(starts(pooled, "pooled_beat")) >= 2,
+            timeout=30, what="two ticks of the schedule to run", alive=[worker],
+        )  # fmt: skip
+        stay_up(worker, began)
     assert listening(pooled) == []
