@@ -76,7 +76,7 @@ class Worker:
             database_url=self.database_url,
         )
         cfg, slots, url = self.config, self._slots, self.database_url
-        self._db = Database(url, cfg, self._stop)
+        self._db = Database(url, cfg, self._stop, self.metrics)
         self._pools = HandlerPools(url, cfg)
         # The process executor's children, when a handler runs in one (processes.py).
         self._processes = (
@@ -126,6 +126,7 @@ class Worker:
             on_cancel=self._cancels.notified,
             on_connect=self._heartbeat.soon,
             on_released=self._claimer.starts.forget,
+            metrics=self.metrics,
         )
         self._scheduler = Scheduler(registry, db=self._db)
 
@@ -272,7 +273,7 @@ class Worker:
             async def maintain() -> None:
                 # After the first claim, not beside it: the claim needs a connection first.
                 await self._claimer.first_claim_tried.wait()
-                await maintenance.run(pool, self._stop.requested)
+                await maintenance.run(pool, self._stop.requested, worker=cfg.worker_id)
 
             helpers.append(asyncio.create_task(maintain(), name="maintenance"))
 
@@ -384,7 +385,10 @@ class Worker:
         leases = [r.task.lease for r in held]
         released: set[Any] = set()
         if leases:
-            released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+            released = (
+                await self._db.call("release", lambda c: aio.release(c, leases), attempts=3)
+                or set()
+            )
         for r in held:
             event(
                 "task.released",
