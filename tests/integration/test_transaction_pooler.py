@@ -153,7 +153,7 @@ def test_enqueue_joins_the_callers_transaction_through_the_pooler(
     pooled_database_url: str, direct: psycopg.Connection[Any], transaction_mode: None
 ) -> None:
     def work(conn: psycopg.Connection[Any], n: int) -> None:
-        for attempt in range(8):  # past psycopg's threshold, each in a transaction
+        for attempt in range(15):  # past psycopg's threshold, each in a transaction
             with conn.transaction():
                 pgqueue.enqueue(conn, "kept", {"n": n, "i": attempt})
                 # The caller's own statements are the caller's to keep unprepared
@@ -164,7 +164,7 @@ def test_enqueue_joins_the_callers_transaction_through_the_pooler(
             raise RuntimeError("the caller's transaction fails")
 
     on_five_connections(pooled_database_url, work)
-    assert count(direct, "SELECT count(*) FROM pgqueue.tasks WHERE type = 'kept'") == 40
+    assert count(direct, "SELECT count(*) FROM pgqueue.tasks WHERE type = 'kept'") == 75
     assert count(direct, "SELECT count(*) FROM pgqueue.tasks WHERE type = 'rolled_back'") == 0
 
 
