@@ -25,11 +25,24 @@ from typing import Any, TypeVar
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue.worker.config import WorkerConfig
-from pgqueue.worker.database_errors import PROGRAMMING_ERRORS, ErrorStreak, pause
+from pgqueue.worker.database_errors import (
+    CONNECTION,
+    PROGRAMMING_ERRORS,
+    ErrorStreak,
+    kind_of,
+    pause,
+)
 from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
 from pgqueue.worker.state import StopRequest
 
 T = TypeVar("T")
+
+# A statement about one task (its failure, cancel or snooze, named by ``subject``) that fails
+# this many times for a reason other than the connection gives up, as it did before any retry:
+# an error that repeats on one task's row is that row's, and retrying it for ever would hold
+# the task's slot and renew its lease for ever. Given up, the task's lease expires and the
+# sweep counts the attempt; the worker carries on. Connection errors are retried without end.
+TASK_STATEMENT_TRIES = 8
 
 # A worker holds 2 to 4 connections whatever its concurrency.
 POOL_MIN, POOL_MAX = 2, 4
@@ -121,6 +134,12 @@ class Database:
                 streak.failed(exc)
                 if (attempts is not None and tries >= attempts) or stop.force:
                     return None
+                if (
+                    subject is not None
+                    and tries >= TASK_STATEMENT_TRIES
+                    and kind_of(exc) != CONNECTION
+                ):
+                    return None  # this task's own trouble: see TASK_STATEMENT_TRIES
                 continue
             if streak is not None and self._streaks.pop(key, None) is streak:
                 streak.recovered()

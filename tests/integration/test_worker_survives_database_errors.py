@@ -41,6 +41,7 @@ from pgqueue.models import TaskStatus
 from pgqueue.registry import TaskRegistry
 from pgqueue.worker import Worker, WorkerConfig
 from pgqueue.worker import completer as completer_module
+from pgqueue.worker import database as database_module
 from pgqueue.worker import runner as runner_module
 from pgqueue.worker.claimer import Claimer
 from pgqueue.worker.database import Database
@@ -539,6 +540,48 @@ def test_a_failure_write_survives_an_unexpected_database_error_naming_its_task(
     assert (error["task_id"], error["type"], error["attempt"]) == (task_id, "boom", 1)
     assert (error["error_class"], error["sqlstate"]) == ("DivisionByZero", "22012")
     assert len(events.named("task.dead", task_id=task_id)) == 1
+
+
+def test_a_failure_write_that_keeps_failing_on_its_task_gives_up_and_frees_the_slot(
+    database_url: str, conn: psycopg.Connection[Any], events: Events, monkeypatch: Any
+) -> None:
+    """An error that repeats on one task's write is that task's: after a bounded number of
+    tries the runner gives up on it (its lease expires and the sweep counts the attempt),
+    and the slot it held runs the next task, instead of retrying and renewing for ever."""
+    monkeypatch.setattr(database_module, "TASK_STATEMENT_TRIES", 3)
+
+    async def always_failing(*args: Any, **kwargs: Any) -> Any:
+        conn = next(a for a in args if isinstance(a, psycopg.AsyncConnection))
+        await division_by_zero(conn)
+        raise RuntimeError("division_by_zero did not fail")
+
+    monkeypatch.setattr(runner_module, "_fail", always_failing)
+    tasks = TaskRegistry()
+
+    @tasks.handler("boom", max_attempts=1)
+    def boom(payload: dict[str, Any], ctx: Any) -> None:
+        raise ValueError("boom")
+
+    @tasks.handler("ok")
+    def ok(payload: dict[str, Any], ctx: Any) -> None:
+        return None
+
+    worker = Worker(tasks, database_url, config(concurrency=1))
+    with running(worker) as run:
+        poisoned = pgqueue.enqueue(conn, "boom", {}).id
+        wait_until(
+            lambda: run.database_errors("runner", "statement") >= 3,
+            timeout=30,
+            what="three failed tries of the failure write",
+        )
+        after = pgqueue.enqueue(conn, "ok", {}).id
+        wait_until(
+            lambda: status(conn, after) is TaskStatus.COMPLETED,
+            timeout=30,
+            what="the one slot, given up by the poisoned task, to run the next",
+        )
+        assert run.database_errors("runner", "statement") == 3
+        assert status(conn, poisoned) is TaskStatus.RUNNING  # left to its lease's expiry
 
 
 def test_a_bug_in_a_service_stops_the_worker_with_exit_code_1_naming_it(
