@@ -26,6 +26,10 @@ from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
 # the most: short enough that a blip costs nothing, long enough that an error that repeats
 # (a broken trigger until someone fixes it) costs the database one statement every 5 s.
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
+# Without a connection, a retry is a refused connect that costs the server nothing, and the
+# sooner one goes after the database is back (a restart, a failover), the sooner the worker
+# claims again: at most a second apart.
+BACKOFF_MAX_CONNECTION = 1.0
 # A streak that goes on is summarised at least this often, however slowly it doubles.
 SUMMARY_SECONDS = 60.0
 
@@ -124,9 +128,10 @@ class ErrorStreak:
         self.failures += 1
         if self.failures == 1:
             self._started = now
-        delay = min(BACKOFF_FIRST * (1 << min(self.failures - 1, 16)), BACKOFF_MAX)
-        self.retry_at = now + delay
         kind = kind_of(exc)
+        ceiling = BACKOFF_MAX_CONNECTION if kind == CONNECTION else BACKOFF_MAX
+        delay = min(BACKOFF_FIRST * (1 << min(self.failures - 1, 16)), ceiling)
+        self.retry_at = now + delay
         self._metrics.database_error(self.service, kind)
         doubled = (self.failures & (self.failures - 1)) == 0  # 1, 2, 4, 8, ...
         if doubled or now - self._logged_at >= SUMMARY_SECONDS:
