@@ -354,16 +354,14 @@ def _check_early(queues: list[str] | None, metrics_port: int | None, processes: 
 
 
 def _pooler(ctx: typer.Context, given: str | None) -> str:
-    """The pooler mode: this command's --pooler, else the global --pooler (the root's, where
-    there is one), else PGQUEUE_POOLER, else none. An explicit global option beats the
-    environment variable this command read on its own."""
+    """The pooler mode: this command's own --pooler, else the root's (``pgqueue --pooler``,
+    which already fell back to PGQUEUE_POOLER, then none). A value this command read from
+    PGQUEUE_POOLER itself yields to the root's, which an explicit root option makes differ."""
     from pgqueue.pooling import resolve_pooler
 
     source = ctx.get_parameter_source("pooler")
-    from_environment = source is not None and source.name == "ENVIRONMENT"
-    root = getattr(state, "pooler", None)
-    if given is None or (from_environment and root is not None):
-        given = root
+    if given is None or (source is not None and source.name == "ENVIRONMENT"):
+        given = getattr(state, "pooler", None) or given
     try:
         return resolve_pooler(given)
     except Exception as exc:

@@ -20,7 +20,6 @@ later. An idle worker sends nothing.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 
 from pgqueue.log import event
@@ -96,17 +95,7 @@ class CancelPoll:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            try:
-                await self.poll_once()
-            except Exception as exc:  # a statement error: the heartbeat still brings cancels
-                event(
-                    "worker.cancel_poll_error",
-                    logging.WARNING,
-                    error=str(exc).strip().splitlines()[0]
-                    if str(exc).strip()
-                    else type(exc).__name__,
-                    retry_in_s=self.interval,
-                )
+            await self.poll_once()
 
     async def poll_once(self) -> int:
         """One read; how many handlers it told to stop."""
@@ -117,8 +106,10 @@ class CancelPoll:
         ]
         if not leases:
             return 0
+        # One try: the next poll is the retry (after the backoff of the service's streak);
+        # database errors are logged and counted by Database.call, as the heartbeat's are.
         requested = await self._db.call(
-            lambda c: arun(c, task_cancel_requested(leases)), attempts=1
+            "cancel_poll", lambda c: arun(c, task_cancel_requested(leases)), attempts=1
         )
         told = 0
         for task_id in sorted(requested or ()):

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import signal
 import time
+import traceback
 from typing import Any
 
 import psycopg
@@ -50,7 +51,8 @@ SIGNAL_ECHO_SECONDS = 1.0
 class Worker:
     """Runs the handlers of ``registry`` for tasks of ``config.queues``. Once it has run,
     ``exit_code`` is 0, or ``pgqueue.config.EXIT_RECYCLE`` when it stopped to be replaced
-    (``WorkerConfig.max_overrunning``).
+    (``WorkerConfig.max_overrunning``), or 1 when it stopped because one of its services
+    failed on a bug of its own (``worker.service_failed``).
 
     ``pooler="transaction"`` (else ``config.pooler``, else ``PGQUEUE_POOLER``) is for a
     database URL that goes through a transaction-mode pooler (PgBouncer, Supavisor, RDS
@@ -74,14 +76,7 @@ class Worker:
         self._max_result_bytes = max_result_bytes()
         self.registry = registry
         self.database_url = resolve_database_url(database_url)
-        config = config or WorkerConfig()
-        # Resolved once, here, into the worker's own copy of the config, which every service
-        # and child process is given: none of them reads the environment again.
-        self.config = dataclasses.replace(
-            config,
-            pooler=resolve_pooler(pooler or config.pooler),
-            listen_url=listen_url or config.listen_url,
-        )
+        self.config = _own_config(config or WorkerConfig(), pooler, listen_url)
         # Where to LISTEN (None: nowhere), and whether producers NOTIFY: without both, the
         # claimer polls adaptively, and without a listener, running tasks' cancel flags too.
         self.listen_url = resolve_listen_url(
@@ -101,7 +96,7 @@ class Worker:
             database_url=self.database_url,
         )
         cfg, slots, url = self.config, self._slots, self.database_url
-        self._db = Database(url, cfg, self._stop)
+        self._db = Database(url, cfg, self._stop, self.metrics)
         self._pools = HandlerPools(url, cfg)
         # The process executor's children, when a handler runs in one (processes.py).
         self._processes = (
@@ -155,6 +150,7 @@ class Worker:
                 on_cancel=self._cancels.notified,
                 on_connect=self._heartbeat.soon,
                 on_released=self._claimer.starts.forget,
+                metrics=self.metrics,
             )
         else:
             self._cancel_poll = CancelPoll(self._cancels, db=self._db, slots=slots)
@@ -313,7 +309,7 @@ class Worker:
             async def maintain() -> None:
                 # After the first claim, not beside it: the claim needs a connection first.
                 await self._claimer.first_claim_tried.wait()
-                await maintenance.run(pool, self._stop.requested)
+                await maintenance.run(pool, self._stop.requested, worker=cfg.worker_id)
 
             helpers.append(asyncio.create_task(maintain(), name="maintenance"))
 
@@ -322,7 +318,29 @@ class Worker:
             await self._db.started()
 
         helpers.append(asyncio.create_task(grow_pool(), name="pool-size"))
+        for helper in helpers:
+            helper.add_done_callback(self._service_ended)
         return helpers
+
+    def _service_ended(self, helper: asyncio.Task[None]) -> None:
+        """A service beside the claimer ended by itself. Database errors never do that (they
+        are retried: worker/database.py), so this is a bug of the worker's own (one of
+        database_errors.PROGRAMMING_ERRORS): say so with its traceback, and stop gracefully
+        with exit code 1, to be restarted, rather than run on without it (a worker without
+        its heartbeat would hold leases it no longer renews)."""
+        exc = None if helper.cancelled() else helper.exception()
+        if exc is None:
+            return
+        event(
+            "worker.service_failed",
+            logging.CRITICAL,
+            worker=self.config.worker_id,
+            service=helper.get_name(),
+            error=repr(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        self.exit_code = 1
+        self.request_stop()
 
     async def _wait_for_database(self) -> tuple[psycopg.AsyncConnection[Any], str]:
         """Refuse a schema behind head, waiting up to ``startup_timeout`` for a database that
@@ -426,7 +444,10 @@ class Worker:
         leases = [r.task.lease for r in held]
         released: set[Any] = set()
         if leases:
-            released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+            released = (
+                await self._db.call("release", lambda c: aio.release(c, leases), attempts=3)
+                or set()
+            )
         for r in held:
             event(
                 "task.released",
@@ -449,6 +470,17 @@ class Worker:
         if handler is None or handler.is_async:
             return False
         return self._processes is None or not self._processes.takes(handler)
+
+
+def _own_config(config: WorkerConfig, pooler: str | None, listen_url: str | None) -> WorkerConfig:
+    """The worker's own copy of ``config``, its pooler mode resolved (an argument, else the
+    config's, else PGQUEUE_POOLER): every service and child process is given this one, and
+    none of them reads the environment again."""
+    return dataclasses.replace(
+        config,
+        pooler=resolve_pooler(pooler or config.pooler),
+        listen_url=listen_url or config.listen_url,
+    )
 
 
 def _abandoned(running: Running) -> None:

@@ -117,7 +117,7 @@ class FakeDatabase:
     def __init__(self, answer: set[uuid.UUID]) -> None:
         self.answer = answer
 
-    async def call(self, fn: Any, *, attempts: int | None = None) -> Any:
+    async def call(self, service: str, fn: Any, *, attempts: int | None = None) -> Any:
         op = fn(None)  # arun(None, op): a coroutine; look at the op instead
         op.close()
         return self.answer
@@ -149,7 +149,7 @@ def test_the_cancel_poll_sends_nothing_while_no_task_runs() -> None:
     slots = Slots()
 
     class Refusing:
-        async def call(self, fn: Any, *, attempts: int | None = None) -> Any:
+        async def call(self, service: str, fn: Any, *, attempts: int | None = None) -> Any:
             raise AssertionError("no statement while nothing runs")
 
     poll = CancelPoll(Cancels(WorkerConfig(), slots=slots), db=Refusing(), slots=slots)  # type: ignore[arg-type]
@@ -244,3 +244,34 @@ def test_the_process_executors_children_are_told_the_mode() -> None:
         registry=None, parent_pid=1, pooler="transaction",
     )  # fmt: skip
     assert ChildSettings.from_message(settings.message()).pooler == "transaction"
+
+
+class _Context:
+    """What ``_pooler`` asks of typer's context: where the command's --pooler came from."""
+
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+
+    def get_parameter_source(self, name: str) -> Any:
+        return None if self.source is None else type("Source", (), {"name": self.source})()
+
+
+@pytest.mark.parametrize(
+    ("given", "source", "root", "expected"),
+    [
+        (None, None, "none", "none"),  # nothing anywhere (the root resolved none)
+        (None, None, "transaction", "transaction"),  # the root's (its option or the env)
+        ("transaction", "COMMANDLINE", "none", "transaction"),  # the command's own wins
+        ("none", "ENVIRONMENT", "transaction", "transaction"),  # an explicit root beats env
+        ("transaction", "ENVIRONMENT", None, "transaction"),  # no root option: the env
+    ],
+)
+def test_the_worker_commands_pooler_comes_from_itself_then_the_global_option_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch, given: str | None, source: str | None, root: str | None,
+    expected: str,
+) -> None:  # fmt: skip
+    from pgqueue.cli import workers
+    from pgqueue.cli.state import state
+
+    monkeypatch.setattr(state, "pooler", root, raising=False)
+    assert workers._pooler(_Context(source), given) == expected  # type: ignore[arg-type]
