@@ -129,7 +129,11 @@ def pgbouncer(
         for path in directory.iterdir():
             os.chown(path, entry.pw_uid, entry.pw_gid)
         command[1:1] = ["-u", owner]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Its output to a file, not a pipe: it writes a line per login and per server connection
+    # to stderr as well as to its log, and a pipe nobody reads fills up (64 kB) and blocks it,
+    # which hung every connection through it a few tests into a session.
+    with (directory / "output.log").open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     bouncer = PgBouncer("127.0.0.1", port, server_url, directory, process)
     try:
         _wait_ready(bouncer, process)
@@ -150,7 +154,7 @@ def _wait_ready(bouncer: PgBouncer, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 15
     while True:
         if process.poll() is not None:
-            output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            output = (bouncer.directory / "output.log").read_text(errors="replace")
             raise RuntimeError(f"pgbouncer exited with {process.returncode}: {output}")
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
