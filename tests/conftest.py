@@ -62,7 +62,9 @@ from tests.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
 # The pooler pass (see the module): "transaction", or None for the ordinary passes.
 THROUGH_POOLER = os.environ.get("PGQUEUE_TEST_THROUGH_POOLER", "").strip().lower() or None
 
-# The files of the pooler pass, under tests/ (see the module for the rule).
+# The files of the pooler pass, under tests/ (see the module for the rule). Not in it, though
+# about the worker: test_worker_start.py, whose subject is the worker's LISTEN connection and
+# the size of its pool in pg_stat_activity (a pooler hides both).
 POOLER_PASS = (
     "integration/test_enqueue_transactions.py",
     "integration/test_enqueue_columns.py",
@@ -72,7 +74,6 @@ POOLER_PASS = (
     "integration/test_lease.py",
     "integration/test_retry_and_dead_letters.py",
     "integration/test_snooze.py",
-    "integration/test_worker_start.py",
     "integration/test_limits.py",
     "integration/test_periodic.py",
     "integration/test_workflows.py",

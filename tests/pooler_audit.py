@@ -167,8 +167,7 @@ FROM pg_stat_activity
 WHERE usename = '{ROLE}'
 """
 _ADVISORY_LOCKS = """
-SELECT clock_timestamp(),
-       coalesce(array_agg(pid ORDER BY pid), '{}'),
+SELECT coalesce(array_agg(pid ORDER BY pid), '{}'),
        coalesce(array_agg(format('advisory lock %s/%s/%s (%s)', classid, objid, objsubid, mode)
                           ORDER BY pid), '{}')
 FROM pg_locks
@@ -217,9 +216,14 @@ class PoolerAudit:
 
     def sample(self, conn: psycopg.Connection[Any]) -> None:
         """One look at pg_stat_activity and pg_locks (see the module)."""
+        # The time before the locks are read, from a statement of its own: a clock_timestamp()
+        # beside pg_locks is evaluated after the locks were gathered, and a transaction that
+        # ended in between would pass for a session lock.
+        before = conn.execute("SELECT clock_timestamp()").fetchone()
         row = conn.execute(_ADVISORY_LOCKS).fetchone()
-        assert row is not None
-        locks_read_at, lock_pids, locks = row
+        assert before is not None and row is not None
+        locks_read_at = before[0]
+        lock_pids, locks = row
         held: dict[int, list[str]] = {}
         for pid, lock in zip(lock_pids, locks, strict=True):
             held.setdefault(pid, []).append(lock)
