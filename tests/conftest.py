@@ -220,7 +220,8 @@ def pooler_pass() -> Iterator[AuditedPooler | None]:
     audit = passing.audit
     _PASS_SUMMARY.append(
         f"pooler pass: the watch sampled pg_stat_activity and pg_locks {audit.samples} times "
-        f"and read {audit.records} log records of the pooler's server connections"
+        f"and read {audit.records} log records of the pooler's server connections (the "
+        f"whole log: {audit.log.offset} bytes)"
     )
     problem = audit.check()
     if problem:

@@ -189,6 +189,7 @@ class PoolerAudit:
         self.owners: dict[str, str] = {}  # database -> the test that owns it
         self.samples = 0
         self.records = 0  # the pooled role's log records read
+        self.log_size = 0  # the log's size when the watch stopped
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="pooler-audit", daemon=True)
         self.error: BaseException | None = None
@@ -203,6 +204,7 @@ class PoolerAudit:
         self.stopping.set()
         self.thread.join(timeout=30)
         self._read_log(final=True)
+        self.log_size = self.log.path.stat().st_size if self.log.path.exists() else 0
 
     def _run(self) -> None:
         try:
@@ -287,6 +289,11 @@ class PoolerAudit:
             problems.append(f"the pooler audit stopped watching: {self.error!r}")
         elif self.samples == 0:
             problems.append("the pooler audit never sampled the server")
+        if self.log.offset != self.log_size or self.records == 0:
+            problems.append(
+                f"the pooler audit read {self.log.offset} bytes of the server's log of "
+                f"{self.log_size}, and {self.records} records of the pooler's connections"
+            )
         left = self.unclaimed()
         if left:
             problems.append(
