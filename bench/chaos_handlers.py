@@ -29,6 +29,11 @@ execution, so the run can count what was lost, what ran twice and why.
   (SIGALRM blocked, then a libc ``sleep`` past the hard limit), ``memory`` (300 MB touched,
   held until the worker's ``--memory-limit`` kills the child) and ``busy`` (a Python loop past
   the soft limit).
+* In the failover scenarios the workers also get ``CHAOS_JOURNAL``, a file outside the
+  database: every execution first appends a line to it (task id, lease token, attempt, pid,
+  the time). A failover with asynchronous replication loses the newest commits, the rows of
+  ``chaos.executions`` among them, so an execution that ran and was then forgotten by the
+  promoted standby is still counted there.
 * The fault types do what production does to a queue: ``chaos.hang`` blocks its worker's event
   loop past the lease on its first attempt (a blocking call in an async handler: the heartbeat
   stops too), ``chaos.suicide`` kills its own process on its first attempt, and the poison
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import signal
 import time
@@ -67,6 +73,7 @@ POISON = pgqueue.RetryPolicy(max_attempts=3, base=0.1, factor=2.0, cap=0.5)
 _pool: AsyncConnectionPool | None = None
 _conn: psycopg.Connection[Any] | None = None  # a process task's side connection (sync)
 _conn_pid = 0
+_journal_fd: int | None = None  # CHAOS_JOURNAL, opened for appending on the first execution
 # The worker's pid: this module is imported by the worker, and its process executor's children
 # are forked (through its fork server) from it, so they inherit the worker's value.
 WORKER_PID = os.getpid()
@@ -121,6 +128,26 @@ def _live(rows: list[tuple[int, int, int | None]]) -> list[str]:
     return [f"attempt {a} pid {p}" for a, p, started in rows if still_running(p, started)]
 
 
+def _journal(ctx: pgqueue.TaskContext, pid: int) -> None:
+    """One line in ``CHAOS_JOURNAL`` (if set) for this execution: appended with O_APPEND in
+    one write, so lines from several processes never interleave."""
+    global _journal_fd
+    path = os.environ.get("CHAOS_JOURNAL")
+    if not path:
+        return
+    if _journal_fd is None:
+        _journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = {
+        "task_id": str(ctx.task_id),
+        "lease": str(ctx.lease.token),
+        "attempt": ctx.attempt,
+        "pid": pid,
+        "worker_pid": WORKER_PID,
+        "at": time.time(),
+    }
+    os.write(_journal_fd, (json.dumps(line) + "\n").encode())
+
+
 async def _side_pool() -> AsyncConnectionPool:
     global _pool
     if _pool is None:
@@ -144,6 +171,7 @@ async def _record_start(
     ``spans``: also look for other executions of the task still running (the executor
     scenario's; its end is then recorded by ``_record_end``)."""
     pid, started = _me()
+    _journal(ctx, pid)
     pool = await _side_pool()
     async with pool.connection(timeout=10) as conn:
         await conn.execute(
@@ -189,6 +217,7 @@ def _side() -> psycopg.Connection[Any]:
 def _sync_start(ctx: pgqueue.TaskContext) -> None:
     """``_record_start(spans=True)`` for a sync handler in a child."""
     pid, started = _me()
+    _journal(ctx, pid)
     conn = _side()
     conn.execute(
         INSERT_EXECUTION,
