@@ -144,7 +144,8 @@ class Failover:
     lag_s: float  # how long the link to the standby was held before the crash
     crashed_at: float  # the primary's immediate stop began
     stopped_s: float  # how long the immediate stop took (pg_ctl waits until it is down)
-    promoted_at: float  # the standby accepts writes (pg_ctl promote began when it was down)
+    promote_requested_at: float  # pg_ctl promote began (the old primary was down by then)
+    promoted_at: float  # the standby accepted writes (seen within 10 ms)
     primary_flushed: str | None  # the primary's flushed WAL position just before the crash
     standby_received: str | None  # the last WAL position the standby received and flushed
     lacked_bytes: int | None  # primary_flushed less standby_received (0 if not behind)
@@ -233,12 +234,18 @@ class Pair:
         finally:
             self.link.cut()
         time.sleep(max(0.0, crashed_at + down - time.time()))
-        data = str(self.standby.data)
-        result = self.standby.run_tool("pg_ctl", "-D", data, "-w", "-t", "60", "promote")
-        if result.returncode != 0:
-            raise RuntimeError(f"pg_ctl promote failed: {result.stderr.strip()}")
-        promoted_at = time.time()
         with _connect(self.standby.url()) as conn:
+            requested_at = time.time()
+            # Without waiting (-W): pg_ctl polls every 0.1 s; we look every 10 ms.
+            result = self.standby.run_tool("pg_ctl", "-D", str(self.standby.data), "-W", "promote")
+            if result.returncode != 0:
+                raise RuntimeError(f"pg_ctl promote failed: {result.stderr.strip()}")
+            deadline = time.monotonic() + 60
+            while _scalar(conn, "SELECT pg_is_in_recovery()"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"not promoted after 60 s:\n{self.standby.log_tail()}")
+                time.sleep(0.01)
+            promoted_at = time.time()
             # Static once recovery ended: what the standby received before it was promoted.
             received = _scalar(conn, "SELECT pg_last_wal_receive_lsn()::text")
             lacked = _scalar(
@@ -251,6 +258,7 @@ class Pair:
             lag_s=lag,
             crashed_at=crashed_at,
             stopped_s=stopped_s,
+            promote_requested_at=requested_at,
             promoted_at=promoted_at,
             primary_flushed=flushed,
             standby_received=None if received is None else str(received),
