@@ -16,7 +16,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from pgqueue import migrate, operations
+from pgqueue import migrate, operations, pooling
 from pgqueue.config import redact, resolve_database_url
 from pgqueue.errors import DatabaseUnavailable
 from pgqueue.models import Task
@@ -36,14 +36,45 @@ def _in_transaction(fn: Callable[Concatenate[Any, P], R]) -> Callable[Concatenat
     return method
 
 
+def _enqueuing(fn: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Client, P], R]:
+    """As :func:`_in_transaction`, for an enqueue: the Client's ``notify`` unless the call
+    gives one."""
+
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        kwargs.setdefault("notify", self.notify)
+        with self.connection() as conn:
+            return fn(conn, *args, **kwargs)
+
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
 class Client:
     """pgqueue on its own connection pool.
 
     ``database_url`` defaults to ``PGQUEUE_DATABASE_URL``, else the embedded server. The schema
     is checked on first use (SchemaNotReady says to run ``pgqueue migrate``).
+
+    ``pooler="transaction"`` (default: ``PGQUEUE_POOLER``) for a URL that goes through
+    PgBouncer, Supavisor or RDS Proxy in transaction mode: the pool's connections prepare no
+    statement, and :meth:`wait` listens on ``PGQUEUE_LISTEN_URL`` (a direct URL) or, without
+    one, polls (it returns within about half a second of the task's end). ``notify=False``
+    (default: ``PGQUEUE_NOTIFY``) enqueues without waking idle workers by NOTIFY: they find
+    the tasks when they poll.
     """
 
-    def __init__(self, database_url: str | None = None, *, max_connections: int = 4) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        max_connections: int = 4,
+        pooler: pooling.Pooler | None = None,
+        notify: bool | None = None,
+    ) -> None:
+        # The settings first: resolving the URL may start the embedded server.
+        self.pooler = pooling.resolve_pooler(pooler)
+        self.notify = pooling.resolve_notify(notify)
         self.database_url = resolve_database_url(database_url)
         self._max = max_connections
         self._pool: ConnectionPool[Any] | None = None
@@ -58,7 +89,9 @@ class Client:
                     min_size=1,
                     max_size=self._max,
                     open=False,
-                    kwargs={"connect_timeout": 10},
+                    kwargs={"connect_timeout": 10, **pooling.connection_kwargs(self.pooler)},
+                    # What the connections were opened for, for what runs on them (a wait).
+                    configure=self._remember,
                     # A connection the server dropped while idle would fail one call.
                     check=ConnectionPool.check_connection,
                 )
@@ -71,6 +104,9 @@ class Client:
                     ) from None
                 self._pool = pool
             return self._pool
+
+    def _remember(self, conn: psycopg.Connection[Any]) -> None:
+        pooling.remember(conn, self.pooler)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -90,9 +126,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    enqueue = _in_transaction(operations.enqueue)
-    enqueue_many = _in_transaction(operations.enqueue_many)
-    enqueue_columns = _in_transaction(operations.enqueue_columns)
+    enqueue = _enqueuing(operations.enqueue)
+    enqueue_many = _enqueuing(operations.enqueue_many)
+    enqueue_columns = _enqueuing(operations.enqueue_columns)
     get_task = _in_transaction(operations.get_task)
     list_tasks = _in_transaction(operations.list_tasks)
     cancel = _in_transaction(operations.cancel)

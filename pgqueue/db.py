@@ -4,14 +4,19 @@ pgqueue never commits a connection it was given. A psycopg 3 connection is used 
 SQLAlchemy ``Session``/``Connection`` (sync or async, psycopg dialect; a ``scoped_session``
 stands for its current Session) is unwrapped to the psycopg connection underneath, so the
 task is written in the caller's transaction.
+
+A connection pgqueue opens (:func:`connect`, :func:`aconnect`) for a transaction-mode pooler
+(``pooler="transaction"``, or ``PGQUEUE_POOLER``) never prepares a statement
+(``prepare_threshold=None``; see :mod:`pgqueue.pooling`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
+from pgqueue import pooling
 from pgqueue.config import redact, validate_database_url
 from pgqueue.errors import DatabaseUnavailable, UnsupportedConnection
 
@@ -31,10 +36,29 @@ def _driver_connection(dbapi_conn: Any, what: str) -> Any:
     return driver
 
 
+C = TypeVar("C", bound=psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
+
+
+def opened(conn: C) -> C:
+    """``conn`` if it is open. A closed one was closed by its owner (the caller's mistake,
+    said as such) or lost (``broken``: the server or the network ended it)."""
+    if conn.closed:
+        if conn.broken:
+            raise DatabaseUnavailable(
+                "lost the database connection (the server or the network closed it); open a new one"
+            )
+        raise UnsupportedConnection(
+            "this connection is closed: it was closed (conn.close(), or the end of its "
+            "`with` block) before it was given to pgqueue; pass an open connection"
+        )
+    return conn
+
+
 def sync_connection(conn: Any) -> psycopg.Connection[Any]:
-    """The psycopg connection behind ``conn`` (psycopg or SQLAlchemy, sync)."""
+    """The psycopg connection behind ``conn`` (psycopg or SQLAlchemy, sync), open (a closed
+    one is UnsupportedConnection)."""
     if isinstance(conn, psycopg.Connection):
-        return conn
+        return opened(conn)
     if isinstance(conn, psycopg.AsyncConnection):
         raise UnsupportedConnection("an async connection needs pgqueue.aio, not pgqueue")
     try:
@@ -54,16 +78,16 @@ def sync_connection(conn: Any) -> psycopg.Connection[Any]:
         driver = _driver_connection(conn.connection, "this SQLAlchemy connection")
         if not isinstance(driver, psycopg.Connection):
             raise UnsupportedConnection("an async driver connection needs pgqueue.aio")
-        return driver
+        return opened(driver)
     raise UnsupportedConnection(
         f"cannot use {type(conn).__name__} as a connection; pass {_SUPPORTED}"
     )
 
 
 async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
-    """The psycopg async connection behind ``conn`` (psycopg or SQLAlchemy, async)."""
+    """The psycopg async connection behind ``conn`` (psycopg or SQLAlchemy, async), open."""
     if isinstance(conn, psycopg.AsyncConnection):
-        return conn
+        return opened(conn)
     if isinstance(conn, psycopg.Connection):
         raise UnsupportedConnection("a sync connection needs pgqueue, not pgqueue.aio")
     from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
@@ -80,31 +104,51 @@ async def async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
         driver = _driver_connection(raw, "this SQLAlchemy connection")
         if not isinstance(driver, psycopg.AsyncConnection):
             raise UnsupportedConnection("a sync driver connection needs pgqueue, not pgqueue.aio")
-        return driver
+        return opened(driver)
     raise UnsupportedConnection(
         f"cannot use {type(conn).__name__} as a connection; pass {_SUPPORTED}"
     )
 
 
-def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
-    """Open a connection, turning connection failures into DatabaseUnavailable (no password)."""
-    url = validate_database_url(url)
-    try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=10, **kwargs)
-    except psycopg.OperationalError as exc:
-        raise _unavailable(url, exc) from None
+def connect(
+    url: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any
+) -> psycopg.Connection[Any]:
+    """Open a connection, turning connection failures into DatabaseUnavailable (no password).
 
-
-async def aconnect(
-    url: str, *, autocommit: bool = False, **kwargs: Any
-) -> psycopg.AsyncConnection[Any]:
+    ``pooler``: the pooler in front of ``url`` (``"transaction"``: never prepare, and waits
+    on this connection do not LISTEN through it); None: ``PGQUEUE_POOLER``'s."""
     url = validate_database_url(url)
+    mode = pooling.resolve_pooler(pooler)
     try:
-        return await psycopg.AsyncConnection.connect(
-            url, autocommit=autocommit, connect_timeout=10, **kwargs
+        conn = psycopg.connect(
+            url,
+            autocommit=autocommit,
+            connect_timeout=10,
+            **{**pooling.connection_kwargs(mode), **kwargs},
         )
     except psycopg.OperationalError as exc:
         raise _unavailable(url, exc) from None
+    pooling.remember(conn, mode)
+    return conn
+
+
+async def aconnect(
+    url: str, *, autocommit: bool = False, pooler: str | None = None, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
+    """As :func:`connect`, async."""
+    url = validate_database_url(url)
+    mode = pooling.resolve_pooler(pooler)
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            url,
+            autocommit=autocommit,
+            connect_timeout=10,
+            **{**pooling.connection_kwargs(mode), **kwargs},
+        )
+    except psycopg.OperationalError as exc:
+        raise _unavailable(url, exc) from None
+    pooling.remember(conn, mode)
+    return conn
 
 
 # What the server answers when connecting cannot work however long one waits (libpq gives no

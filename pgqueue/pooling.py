@@ -19,12 +19,16 @@ this module decides is the rest:
   across the whole cluster while its transaction commits, so many concurrent producers
   serialise on it. Poll-only (off) trades a worker's pickup latency for producers' commits.
 
-An argument wins over the environment, as for the database URL.
+An argument wins over the environment, as for the database URL. A connection pgqueue opens
+for a pooler mode (``db.connect(url, pooler=...)``, a ``Client``'s pool) is remembered with
+it (:func:`remember`), so that what runs on it later (a wait) knows, whatever the
+environment says; any other connection has the environment's mode.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Literal, get_args
 
 from pgqueue.errors import ConfigurationError
@@ -40,14 +44,18 @@ _ON = ("1", "on", "true", "yes")
 _OFF = ("0", "off", "false", "no")
 
 
-def resolve_pooler(value: str | None = None) -> Pooler:
+def resolve_pooler(value: str | None = None, *, name: str = "pooler") -> Pooler:
     """The pooler mode: ``value``, else ``PGQUEUE_POOLER``, else ``none`` (direct).
 
     ``session`` (a pooler in session mode) behaves as a direct connection does: a session
-    keeps its server connection, so nothing needs to change."""
-    source = "pooler"
+    keeps its server connection, so nothing needs to change. ``name`` is what an error
+    calls ``value`` (the CLI's ``--pooler``)."""
+    source = name
     if value is None:
-        value, source = os.environ.get(ENV_POOLER) or "none", ENV_POOLER
+        raw = os.environ.get(ENV_POOLER)
+        if raw is None:  # the usual case, on every statement's path: one lookup
+            return "none"
+        value, source = raw or "none", ENV_POOLER
     mode = value.strip().lower()
     if mode not in POOLERS:
         raise ConfigurationError(
@@ -70,7 +78,7 @@ def connection_kwargs(pooler: str | None = None) -> dict[str, Any]:
 
 
 def resolve_listen_url(
-    database_url: str, *, listen_url: str | None = None, pooler: str | None = None
+    database_url: str | None, *, listen_url: str | None = None, pooler: str | None = None
 ) -> str | None:
     """The URL to LISTEN on, or None to poll instead: ``listen_url``, else
     ``PGQUEUE_LISTEN_URL``, else the database URL itself unless a transaction pooler is in
@@ -99,7 +107,27 @@ def resolve_notify(value: bool | None = None) -> bool:
 def prepares(conn: Any, pooler: str | None = None) -> bool:
     """May pgqueue let psycopg prepare its statements on ``conn``? Not behind a transaction
     pooler, and not on a connection whose owner turned preparing off
-    (``prepare_threshold=None``: a caller's connection set up for a pooler says so itself)."""
+    (``prepare_threshold=None``: a caller's connection set up for a pooler says so itself).
+    ``pooler`` None: the connection's mode (:func:`connection_mode`)."""
     if getattr(conn, "prepare_threshold", 5) is None:
         return False
-    return not in_transaction_mode(pooler)
+    mode = connection_mode(conn) if pooler is None else resolve_pooler(pooler)
+    return mode != "transaction"
+
+
+# The pooler mode each connection pgqueue opened was opened for. Weak: a connection closed
+# and dropped by its owner leaves nothing behind.
+_OPENED_FOR: weakref.WeakKeyDictionary[Any, Pooler] = weakref.WeakKeyDictionary()
+
+
+def remember(conn: Any, pooler: str | None) -> None:
+    """Record that pgqueue opened ``conn`` for ``pooler`` (resolved: the environment's when
+    None), so that :func:`connection_mode` answers for it whatever the environment says later."""
+    _OPENED_FOR[conn] = resolve_pooler(pooler)
+
+
+def connection_mode(conn: Any) -> Pooler:
+    """The pooler mode of ``conn``: the one pgqueue opened it for (:func:`remember`), else
+    the environment's (``PGQUEUE_POOLER``): a caller's own connection says nothing itself."""
+    mode = _OPENED_FOR.get(conn)
+    return resolve_pooler() if mode is None else mode

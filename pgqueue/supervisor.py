@@ -334,6 +334,8 @@ class Supervisor:
                 slot=slot,
                 pid=pid,
                 worker=owner,
+                error_class=type(exc).__name__,
+                sqlstate=getattr(exc, "sqlstate", None),
                 error=text[0] if text else type(exc).__name__,
                 note="its tasks wait for their leases to expire",
             )

@@ -13,13 +13,21 @@ can still be missed (a LISTEN connection that dropped, a path that finishes a ta
 the wake-up), which the poll, every ``poll_interval`` seconds, covers. Registering locks the
 task's row ``FOR SHARE`` for an instant, which closes the race with a finish in flight (see
 ``task_waiter_add`` in sql/waiting.sql), so the poll is a fallback, not the usual path.
+
+Behind a transaction-mode pooler (:mod:`pgqueue.pooling`) LISTEN hears nothing: the driver
+listens on ``PGQUEUE_LISTEN_URL`` instead when it is set, else answers the Listen step with
+False, and the loop then polls: every :data:`POLL_FIRST` seconds at first, a little less often
+each time, never less often than every :data:`POLL_LONGEST` (nor than ``poll_interval``), so
+that a wait returns within about half a second of the task's end. The API's hub polls for all
+its waiters at once instead (api/waiters.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from pgqueue.errors import WaitTimeout, WorkflowWaitTimeout
@@ -37,6 +45,28 @@ T = TypeVar("T")
 REGISTRATION_MARGIN = 60.0
 
 
+# A wait that nothing can wake polls: first after POLL_FIRST seconds (most waits are short),
+# each interval POLL_GROWTH times the last, up to POLL_LONGEST.
+POLL_FIRST = 0.05
+POLL_GROWTH = 1.5
+POLL_LONGEST = 0.5
+
+
+def poll_intervals(poll_interval: float, listening: bool) -> Iterator[float]:
+    """The waits between a wait's reads: ``poll_interval`` each while notifications can wake
+    it (``listening``), else short ones growing to :data:`POLL_LONGEST`."""
+    if listening:
+        return itertools.repeat(poll_interval)
+    return _growing(min(poll_interval, POLL_LONGEST))
+
+
+def _growing(longest: float) -> Iterator[float]:
+    interval = min(POLL_FIRST, longest)
+    while True:
+        yield interval
+        interval = min(interval * POLL_GROWTH, longest)
+
+
 def _until_woken(
     deadline: float, next_poll: float, keys: set[str], clock: Callable[[], float]
 ) -> WaitOp[None]:
@@ -50,12 +80,14 @@ def _until_woken(
             return
 
 
-def _listening(key: uuid.UUID, body: WaitOp[T]) -> WaitOp[T]:
-    """Run ``body`` while listening on ``pgqueue_done``. Listening before registering: a
-    notification sent after the registration commits is then never lost on this connection."""
-    yield Listen(DONE_CHANNEL, key)
+def _listening(key: uuid.UUID, body: Callable[[bool], WaitOp[T]]) -> WaitOp[T]:
+    """Run ``body`` while listening on ``pgqueue_done``, telling it whether notifications will
+    arrive (the driver's answer to Listen: not behind a transaction pooler without a LISTEN
+    URL). Listening before registering: a notification sent after the registration commits
+    is then never lost on this connection."""
+    listening = yield Listen(DONE_CHANNEL, key)
     try:
-        return (yield from body)
+        return (yield from body(listening is True))
     finally:
         yield Listen(DONE_CHANNEL, key, listen=False)
 
@@ -69,11 +101,16 @@ def wait_loop(
 ) -> WaitOp[Task]:
     """The task once it is final (completed, failed, cancelled), or WaitTimeout carrying the
     task as last read after ``timeout`` seconds. Arguments are validated by the caller."""
-    return _listening(task_id, _wait_task(task_id, timeout, poll_interval, clock))
+    return _listening(
+        task_id,
+        lambda listening: _wait_task(
+            task_id, timeout, poll_intervals(poll_interval, listening), clock
+        ),
+    )
 
 
 def _wait_task(
-    task_id: uuid.UUID, timeout: float, poll_interval: float, clock: Callable[[], float]
+    task_id: uuid.UUID, timeout: float, intervals: Iterator[float], clock: Callable[[], float]
 ) -> WaitOp[Task]:
     deadline = clock() + timeout
     waiter = uuid.uuid4()
@@ -81,13 +118,13 @@ def _wait_task(
         # Inside the try: interrupted while registering (a cancelled request), the row may
         # have been written all the same; removing one that is not there costs nothing.
         task = yield from waiting.task_waiter_add(task_id, waiter, timeout + REGISTRATION_MARGIN)
-        next_poll = clock() + poll_interval
+        next_poll = clock() + next(intervals)
         while not task.status.is_final:
             if clock() >= deadline:
                 raise WaitTimeout(task, timeout)
             yield from _until_woken(deadline, next_poll, {str(task_id)}, clock)
             task = yield from tasks.task_get(task_id)
-            next_poll = clock() + poll_interval
+            next_poll = clock() + next(intervals)
     finally:
         yield from waiting.task_waiter_remove(task_id, waiter)
     return task
@@ -110,11 +147,16 @@ def workflow_wait_loop(
     workflow as last read after ``timeout`` seconds. As :func:`wait_loop`, but registered on
     the workflow's unfinished tasks: the finish of any of them wakes it to read the workflow
     again."""
-    return _listening(workflow_id, _wait_workflow(workflow_id, timeout, poll_interval, clock))
+    return _listening(
+        workflow_id,
+        lambda listening: _wait_workflow(
+            workflow_id, timeout, poll_intervals(poll_interval, listening), clock
+        ),
+    )
 
 
 def _wait_workflow(
-    workflow_id: uuid.UUID, timeout: float, poll_interval: float, clock: Callable[[], float]
+    workflow_id: uuid.UUID, timeout: float, intervals: Iterator[float], clock: Callable[[], float]
 ) -> WaitOp[WorkflowInfo]:
     deadline = clock() + timeout
     waiter = uuid.uuid4()
@@ -122,7 +164,7 @@ def _wait_workflow(
     watched: set[uuid.UUID] = set()
     try:
         info = yield from dependencies.workflow_get(workflow_id)
-        next_poll = clock() + poll_interval
+        next_poll = clock() + next(intervals)
         while not info.status.is_final:
             pending = [t.id for t in info.tasks if not t.status.is_final]
             if not watched.intersection(pending):
@@ -140,7 +182,7 @@ def _wait_workflow(
                 raise WorkflowWaitTimeout(info, timeout)
             yield from _until_woken(deadline, next_poll, {str(i) for i in watched}, clock)
             info = yield from dependencies.workflow_get(workflow_id)
-            next_poll = clock() + poll_interval
+            next_poll = clock() + next(intervals)
     finally:
         if watched:
             yield from waiting.task_waiter_remove_many([(i, waiter) for i in watched])

@@ -28,6 +28,7 @@ import pytest
 from session_databases import database_name, drop_leftovers
 
 from pgqueue import migrate
+from tests.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
 
 
 def with_database(url: str, dbname: str) -> str:
@@ -156,3 +157,23 @@ def connect(database_url: str) -> Iterator[Any]:
     yield _connect
     for c in opened:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def pooler(server_url: str) -> Iterator[PgBouncer]:
+    """A PgBouncer in transaction mode in front of the test server (tests/pgbouncer.py).
+
+    Skipped where pgbouncer is not installed, unless ``PGQUEUE_REQUIRE_PGBOUNCER`` is set (CI
+    sets it: there the tests behind a pooler must run, not skip)."""
+    if pgbouncer_binary() is None:
+        if os.environ.get("PGQUEUE_REQUIRE_PGBOUNCER"):
+            pytest.fail("PGQUEUE_REQUIRE_PGBOUNCER is set but pgbouncer is not installed")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    with pgbouncer(server_url) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pooled_database_url(pooler: PgBouncer, database_url: str) -> str:
+    """The test's database (``database_url``) through the transaction-mode PgBouncer."""
+    return pooler.pooled_url(database_url)

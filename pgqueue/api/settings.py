@@ -10,7 +10,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from pgqueue import config
+from pgqueue import config, pooling
 from pgqueue.errors import ConfigurationError
 
 ENV_TOKENS = "PGQUEUE_API_TOKENS"
@@ -41,6 +41,16 @@ class ApiSettings:
     pool_size: int = 10
     max_waiters: int = DEFAULT_MAX_WAITERS
     wait_poll_seconds: float = DEFAULT_WAIT_POLL
+    # The pooler in front of the database (pgqueue.pooling): "transaction" for PgBouncer,
+    # Supavisor or RDS Proxy in transaction mode (no prepared statements; waits hear through
+    # listen_url, else poll). None: PGQUEUE_POOLER's.
+    pooler: pooling.Pooler | None = None
+    # A direct URL (no pooler) for the waiter hub's LISTEN only; None: PGQUEUE_LISTEN_URL's.
+    listen_url: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pooler is not None:
+            pooling.resolve_pooler(self.pooler)  # ConfigurationError for a bad one, at once
 
     def body_limit(self) -> int:
         """The most bytes a request body may have: ``max_body_bytes`` when set, else the
@@ -56,6 +66,7 @@ class ApiSettings:
         """Tokens from ``PGQUEUE_API_TOKENS`` (comma-separated) and/or the file named by
         ``PGQUEUE_API_TOKENS_FILE`` (one per line, # comments); the body limit from
         ``PGQUEUE_API_MAX_BODY_BYTES`` (unset: the payload limit plus 64 KiB)."""
+        pooler = pooling.resolve_pooler()  # a bad PGQUEUE_POOLER is refused here, not later
         tokens = {t.strip() for t in os.environ.get(ENV_TOKENS, "").split(",") if t.strip()}
         path = os.environ.get(ENV_TOKENS_FILE, "").strip()
         if path:
@@ -65,20 +76,23 @@ class ApiSettings:
                 raise ConfigurationError(f"{ENV_TOKENS_FILE}: cannot read {path}: {exc}") from None
             tokens |= {t for t in (ln.strip() for ln in lines) if t and not t.startswith("#")}
         raw = os.environ.get(ENV_MAX_BODY, "").strip()
-        if not raw:
-            return cls(tokens=frozenset(tokens))
-        try:
-            max_body = int(raw)
-        except ValueError:
-            raise ConfigurationError(f"{ENV_MAX_BODY} must be an integer, not {raw!r}") from None
-        if max_body < 1024:
-            raise ConfigurationError(f"{ENV_MAX_BODY} must be at least 1024, not {max_body}")
+        max_body: int | None = None
+        if raw:
+            try:
+                max_body = int(raw)
+            except ValueError:
+                raise ConfigurationError(
+                    f"{ENV_MAX_BODY} must be an integer, not {raw!r}"
+                ) from None
+            if max_body < 1024:
+                raise ConfigurationError(f"{ENV_MAX_BODY} must be at least 1024, not {max_body}")
         max_waiters, wait_poll = _wait_settings()
         return cls(
             tokens=frozenset(tokens),
             max_body_bytes=max_body,
             max_waiters=max_waiters,
             wait_poll_seconds=wait_poll,
+            pooler=pooler,
         )
 
 

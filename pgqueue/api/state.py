@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from pgqueue import pooling
 from pgqueue.api.metrics import ApiMetrics
 from pgqueue.api.settings import ApiSettings
 from pgqueue.api.waiters import WaiterHub
@@ -51,12 +52,18 @@ class ApiState:
 
             url = await asyncio.to_thread(resolve_database_url, self.settings.database_url)
             self.head = await asyncio.to_thread(migrate.head)
+            # Behind a transaction pooler: no prepared statements on the pool's connections,
+            # and the waiter hub listens on the LISTEN URL or, without one, polls.
+            mode = pooling.resolve_pooler(self.settings.pooler)
+            listen_url = pooling.resolve_listen_url(
+                url, listen_url=self.settings.listen_url, pooler=mode
+            )
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 url,
                 min_size=1,
                 max_size=self.settings.pool_size,
                 open=False,
-                kwargs={"connect_timeout": 5},
+                kwargs={"connect_timeout": 5, **pooling.connection_kwargs(mode)},
                 # Checked before each loan: connections the server dropped while idle (a
                 # restart, a failover) would otherwise fail one request each.
                 check=AsyncConnectionPool.check_connection,
@@ -64,7 +71,7 @@ class ApiState:
             )
             await pool.open(wait=False)
             self.pool = pool
-            self.waiters.start(url)
+            self.waiters.start(listen_url)
 
     async def close(self) -> None:
         await self.waiters.stop()

@@ -15,6 +15,12 @@ are lost: the hub reconnects with backoff and, once listening again, wakes every
 read its task, and the poll covers the rest. The number of waiters is bounded
 (``PGQUEUE_API_MAX_WAITERS``): beyond it a request is refused with 503 and ``Retry-After``
 rather than queueing without limit.
+
+Behind a transaction-mode pooler a LISTEN through the pool hears nothing: the hub listens on
+``PGQUEUE_LISTEN_URL`` (a direct URL, for LISTEN only) when it is set, and otherwise polls:
+one statement reads the status of every task waited on, soon after a request arrives and then
+less often, every :data:`~pgqueue.waiting.POLL_LONGEST` seconds at most, and wakes the
+requests whose task is final (:meth:`WaiterHub._poll`).
 """
 
 from __future__ import annotations
@@ -30,11 +36,11 @@ import psycopg
 
 from pgqueue import log
 from pgqueue.errors import PgQueueError
-from pgqueue.models import Task
+from pgqueue.models import Task, TaskStatus
 from pgqueue.queries import driver, waiting
 from pgqueue.queries.driver import AwaitNotify, Copy, Listen, Op, Query, WaitOp, WaitStep
 from pgqueue.queries.waiting import DONE_CHANNEL
-from pgqueue.waiting import wait_loop
+from pgqueue.waiting import POLL_FIRST, POLL_GROWTH, POLL_LONGEST, wait_loop
 
 APPLICATION_NAME = "pgqueue-api-waiters"
 RECONNECT_MAX_SECONDS = 10.0
@@ -127,6 +133,8 @@ class WaiterHub:
         self._events: dict[str, set[asyncio.Event]] = {}
         self._waiting = 0
         self._listening = asyncio.Event()
+        # Polling (no LISTEN URL behind a pooler): set when a request starts waiting.
+        self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -138,11 +146,14 @@ class WaiterHub:
     def listening(self) -> bool:
         return self._listening.is_set()
 
-    def start(self, url: str) -> None:
-        """Start listening (the app's lifespan, or its first use); once."""
+    def start(self, url: str | None) -> None:
+        """Start listening on ``url`` (the app's lifespan, or its first use); once. None:
+        nothing can be heard (a transaction pooler, no LISTEN URL), so poll instead."""
         if self._task is None:
             self._listening = asyncio.Event()  # of this loop (an app may be run again)
-            self._task = asyncio.get_running_loop().create_task(self._listen(url))
+            self._arrived = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._listen(url) if url else self._poll())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -182,6 +193,50 @@ class WaiterHub:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
+    async def _poll(self) -> None:
+        """Wake the requests whose task is final, read in one statement for all of them: soon
+        after a request arrives (most waits are short), then less often, up to every
+        POLL_LONGEST seconds; idle while nobody waits. Stands in for the LISTEN connection,
+        so requests are answered as promptly as the poll (their own reads are the
+        fallback, every ``poll_interval``)."""
+        self._listening.set()  # nothing to wait for: the poll is ready at once
+        interval = POLL_FIRST
+        failures = 0
+        while True:
+            if not self._events:
+                self._arrived.clear()
+                await self._arrived.wait()
+                interval = POLL_FIRST
+            await asyncio.sleep(interval)
+            if self._arrived.is_set():  # a new request: its task may well be a short one
+                self._arrived.clear()
+                interval = POLL_FIRST
+            else:
+                interval = min(interval * POLL_GROWTH, POLL_LONGEST)
+            keys = list(self._events)
+            if not keys:
+                continue
+            try:
+                rows = await self._read([uuid.UUID(k) for k in keys])
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.event(
+                    "api.waiters_poll_failed",
+                    logging.WARNING,
+                    error=f"{type(exc).__name__}: {exc}",
+                    waiting=self._waiting,
+                )
+                await asyncio.sleep(min(0.5 * 2**failures, RECONNECT_MAX_SECONDS))
+                continue
+            for task_id, found in rows.items():
+                if found and TaskStatus(found[0]["status"]).is_final:
+                    self._wake(str(task_id))
+
+    async def _read(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Any]]:
+        async with self._connection() as conn:
+            return await driver.arun(conn, waiting.task_get_many(ids))
+
     def _wake(self, key: str) -> None:
         for event in self._events.get(key, ()):
             event.set()
@@ -198,6 +253,7 @@ class WaiterHub:
         event = asyncio.Event()
         self._waiting += 1
         self._events.setdefault(key, set()).add(event)
+        self._arrived.set()
         try:
             yield event
         finally:
@@ -240,7 +296,9 @@ class WaiterHub:
                 # Just started, or reconnecting: give it a moment, then rely on the poll.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._listening.wait(), LISTEN_READY_SECONDS)
-            return []
+            # The hub's LISTEN connection or its poll wakes this request: its own loop
+            # reads every poll_interval only in case that missed something.
+            return True
         if isinstance(step, AwaitNotify):
             try:
                 await asyncio.wait_for(event.wait(), max(step.seconds, 0.0))

@@ -78,7 +78,7 @@ def grant(
     roles.check_role_name(role)  # a usage error before any connection
     url = resolve_database_url(database_url) if database_url is not None else state.url()
     migrate_mod.check(url)
-    with db.connect(url, autocommit=True) as conn:
+    with db.connect(url, autocommit=True, pooler=state.pooler) as conn:
         granted = roles.grant(conn, role)
     human = (
         f"granted role {role!r} what workers and the API need ({len(granted.statements)} "

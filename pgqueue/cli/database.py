@@ -22,7 +22,7 @@ def open_client() -> Iterator[Client]:
     above: a command's ``--help`` and its usage errors need no driver."""
     from pgqueue.client import Client
 
-    with Client(state.url(), max_connections=1) as client:
+    with Client(state.url(), max_connections=1, pooler=state.pooler) as client:
         yield client
 
 

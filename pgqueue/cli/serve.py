@@ -106,6 +106,7 @@ def serve(
     # server process through the environment, where the app factory reads it.
     url = state.url()
     os.environ["PGQUEUE_DATABASE_URL"] = url
+    os.environ["PGQUEUE_POOLER"] = state.pooler  # --pooler, for the app's pool and waits
     data, human = banner(host, port, url, len(settings.tokens), allow_unauthenticated)
     emit(data, human)
     sys.stdout.flush()  # before uvicorn's lines, also when stdout is a pipe

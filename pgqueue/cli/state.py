@@ -1,5 +1,5 @@
-"""The global options (``--database-url``, ``--json``, ``--debug``), kept where every command
-and the error handling can read them.
+"""The global options (``--database-url``, ``--pooler``, ``--json``, ``--debug``), kept where
+every command and the error handling can read them.
 
 Typer hands the root callback's options to that callback only; the commands and ``main``
 need them too, so the callback writes them into one module-level :class:`State`.
@@ -19,10 +19,14 @@ import typer.main
 
 from pgqueue.cli.coercion import plain_coercion
 from pgqueue.config import resolve_database_url
+from pgqueue.pooling import ENV_POOLER, Pooler, resolve_pooler
 
 
 class State:
     database_url: str | None = None
+    # The pooler in front of the database (pgqueue.pooling): every command that opens a
+    # connection opens it for this mode; `serve` and `worker` hand it on.
+    pooler: Pooler = "none"
     json: bool = False
     debug: bool = False
 
@@ -30,6 +34,7 @@ class State:
         """Back to the defaults: a usage error can stop a run before the root callback sets
         them, and the tests run many invocations in one process."""
         self.database_url = None
+        self.pooler = "none"
         self.json = False
         self.debug = False
 
@@ -58,6 +63,18 @@ def main_options(
             show_envvar=True,
         ),
     ] = None,
+    pooler: Annotated[
+        str | None,
+        typer.Option(
+            "--pooler",
+            envvar=ENV_POOLER,
+            metavar="MODE",
+            help="The pooler in front of the database: none, session, or transaction "
+            "(PgBouncer, Supavisor, RDS Proxy in transaction mode: no prepared statements, "
+            "and waits poll unless $PGQUEUE_LISTEN_URL gives a direct URL to LISTEN on).",
+            show_envvar=True,
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help=ROOT_JSON_HELP)] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
 ) -> None:
@@ -68,6 +85,8 @@ def main_options(
     state.database_url = database_url
     state.json = json_output
     state.debug = debug
+    # Checked here, before any command runs: a bad value is a configuration error (exit 1).
+    state.pooler = resolve_pooler(pooler, name=f"--pooler ({ENV_POOLER})")
 
 
 def _set_json(value: bool) -> None:

@@ -89,7 +89,9 @@ def wait_workflow(
     WorkflowWaitTimeout (a WaitTimeout, as a task's wait raises) after ``timeout`` seconds;
     the workflow goes on. WorkflowNotFound for an unknown id. As :func:`wait`, the connection
     must not be inside a transaction, and the wait is woken by notifications when the
-    workflow's tasks finish, with a read every ``poll_interval`` seconds as a fallback.
+    workflow's tasks finish, with a read every ``poll_interval`` seconds as a fallback
+    (behind a transaction-mode pooler, as :func:`wait`: LISTEN on ``PGQUEUE_LISTEN_URL``, else
+    a poll every 0.5 s at most).
     """
     return wait_workflow_loop(
         parse_workflow_id(workflow_id),

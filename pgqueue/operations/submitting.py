@@ -77,6 +77,7 @@ def enqueue(
     payload: Mapping[str, Any] | None = None,
     *,
     key_reuse: KeyReuse | str = "return",
+    notify: bool | None = None,
     **options: Any,
 ) -> Op[EnqueueResult]:
     """Submit one task in the caller's transaction.
@@ -92,16 +93,24 @@ def enqueue(
     this submit has the original's type, queue (when given) and payload (JSON equality), else
     IdempotencyConflict is raised, naming the original and the fields that differ. Nothing is
     written then, and the transaction is still usable.
+
+    ``notify=False`` sends no NOTIFY to wake idle workers (they find the task at their next
+    poll): many producers committing at once then do not queue for the lock a NOTIFY takes
+    across the whole cluster. Left out, ``PGQUEUE_NOTIFY`` decides (on, unless ``off``).
     """
     now = options.pop("now", None)
     reuse = KeyReuse.parse(key_reuse)
-    return _insert(prepare(type, payload, **options), now, reuse)
+    return _insert(prepare(type, payload, **options), now, reuse, notify)
 
 
-def _insert(spec: TaskSpec, now: datetime | None, key_reuse: KeyReuse) -> Op[EnqueueResult]:
+def _insert(
+    spec: TaskSpec, now: datetime | None, key_reuse: KeyReuse, notify: bool | None = None
+) -> Op[EnqueueResult]:
     # A queue left out is the type's declared one, known only once inserted.
     with tracing.submit_span(spec.type, spec.queue or "(declared)") as trace_context:
-        task, created = yield from submitting.task_insert(spec, now, trace_context, key_reuse)
+        task, created = yield from submitting.task_insert(
+            spec, now, trace_context, key_reuse, notify
+        )
     return EnqueueResult(task, created)
 
 
@@ -111,6 +120,7 @@ def enqueue_many(
     *,
     key_reuse: KeyReuse | str = "return",
     now: datetime | None = None,
+    notify: bool | None = None,
 ) -> Op[list[EnqueueResult]]:
     """Submit many tasks in one statement; results come back in the order given.
 
@@ -120,18 +130,19 @@ def enqueue_many(
     key, the first is created and the second gets it back; with ``key_reuse="refuse"``, an
     item that differs from its key's holder (an older task or an earlier item) raises
     IdempotencyConflict (``.index`` says which item) and none of the batch is written.
+    ``notify`` is enqueue's (one NOTIFY per queue made ready, unless false).
     """
     reuse = KeyReuse.parse(key_reuse)
-    return _insert_many(as_specs(tasks), now, reuse)
+    return _insert_many(as_specs(tasks), now, reuse, notify)
 
 
 def _insert_many(
-    specs: list[TaskSpec], now: datetime | None, key_reuse: KeyReuse
+    specs: list[TaskSpec], now: datetime | None, key_reuse: KeyReuse, notify: bool | None
 ) -> Op[list[EnqueueResult]]:
     queues = {s.queue or "(declared)" for s in specs}
     type_, queue = tracing.batch_names({s.type for s in specs}, queues)
     with tracing.submit_span(type_, queue, count=len(specs)) as trace_context:
-        rows = yield from submitting.task_insert_many(specs, now, trace_context, key_reuse)
+        rows = yield from submitting.task_insert_many(specs, now, trace_context, key_reuse, notify)
     # (built: an EnqueueResult's __init__ is a fifth of a task's own)
     return [built(EnqueueResult, {"task": t, "created": c}) for t, c in rows]
 
@@ -150,6 +161,7 @@ def enqueue_columns(
     expires_in: float | None = None,
     expires_at: datetime | None = None,
     now: datetime | None = None,
+    notify: bool | None = None,
 ) -> Op[list[uuid.UUID]]:
     """Submit one task of ``type`` per payload, with the same options for all; returns their
     ids, in the order of ``payloads``.
@@ -160,6 +172,7 @@ def enqueue_columns(
     caller's transaction (all or nothing even on an autocommit connection). No Task objects
     are made: a fraction of enqueue_many's cost per task. The options are enqueue's (left
     out, the type's declaration applies); an idempotency key or parents need enqueue_many.
+    ``notify`` is enqueue's.
     """
     template = prepare(
         type,
@@ -179,27 +192,30 @@ def enqueue_columns(
         )
     limit = config.max_payload_bytes()
     encoded = [encode_payload({} if p is None else p, limit) for p in payloads]
-    return _insert_columns(template, encoded, now)
+    return _insert_columns(template, encoded, now, notify)
 
 
 def _insert_columns(
-    template: TaskSpec, payloads: list[str], now: datetime | None
+    template: TaskSpec, payloads: list[str], now: datetime | None, notify: bool | None
 ) -> Op[list[uuid.UUID]]:
     if not payloads:
         return []
     ids = new_task_ids(len(payloads))
     queue = template.queue or "(declared)"
     with tracing.submit_span(template.type, queue, count=len(ids)) as trace_context:
-        yield from submitting.task_copy_columns(template, ids, payloads, now, trace_context)
+        yield from submitting.task_copy_columns(template, ids, payloads, now, trace_context, notify)
     return ids
 
 
 def insert_prepared(
-    spec: TaskSpec, now: datetime | None = None, key_reuse: KeyReuse = KeyReuse.RETURN
+    spec: TaskSpec,
+    now: datetime | None = None,
+    key_reuse: KeyReuse = KeyReuse.RETURN,
+    notify: bool | None = None,
 ) -> Op[EnqueueResult]:
     """The op of one prepared task's insert (``pgqueue.enqueue`` after its ``prepare``): what a
     function task's ``enqueue`` drives, having bound and checked its arguments itself."""
-    return _insert(spec, now, key_reuse)
+    return _insert(spec, now, key_reuse, notify)
 
 
 @operation

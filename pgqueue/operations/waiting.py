@@ -31,7 +31,11 @@ def wait(
     runs in a short transaction of its own. The wait holds the connection throughout.
 
     It is woken by a notification when the task finishes, not by polling; it also reads the
-    task every ``poll_interval`` seconds, in case a notification was missed.
+    task every ``poll_interval`` seconds, in case a notification was missed. Behind a
+    transaction-mode pooler (``PGQUEUE_POOLER=transaction``, or a connection opened with
+    ``pooler="transaction"``), where LISTEN hears nothing, it listens on a connection of its
+    own to ``PGQUEUE_LISTEN_URL`` (a direct URL) when that is set, and otherwise polls, every
+    0.05 s at first and every 0.5 s at most, returning within about half a second.
     """
     return wait_loop(
         parse_task_id(task_id),

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from pgqueue import pooling
 from pgqueue.errors import UnknownParent, WorkflowNotFound
 from pgqueue.models import Parent, Task, TaskStatus, WorkflowInfo, WorkflowStatus, WorkflowTask
 from pgqueue.queries.driver import Op, Query, Row
@@ -23,10 +24,13 @@ def task_insert_dependent(
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
     batch: set[uuid.UUID] | None = None,
+    notify: bool | None = None,
 ) -> Op[list[Task]]:
     """Insert tasks with parents and their edges in one statement; UnknownParent
     (nothing written) for a parent neither in ``batch`` (the ids of the enqueue_many batch)
-    nor in the table. A cycle among the batch's tasks is refused before (DependencyCycle)."""
+    nor in the table. A cycle among the batch's tasks is refused before (DependencyCycle).
+    Those queued at once wake idle workers unless ``notify`` is false (None:
+    ``PGQUEUE_NOTIFY``'s)."""
     from pgqueue.dependencies import check_acyclic
 
     inside = batch or set()
@@ -46,6 +50,7 @@ def task_insert_dependent(
             "workflow_ids": [s.workflow_id for s in specs],
             "now": now,
             "trace_context": _trace_json(trace_context),
+            "notify": pooling.resolve_notify(notify),
             **_defaults(),
         },
         prepare=False,

@@ -14,12 +14,15 @@ drivers at once (``pgqueue.operations``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import functools
 import inspect
 import json
+import logging
 import re
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from importlib import resources
@@ -29,7 +32,7 @@ import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.string import BytesBinaryDumper
 
-from pgqueue import db
+from pgqueue import db, log, pooling
 from pgqueue.errors import DatabaseUnavailable, SchemaNotReady
 
 T = TypeVar("T")
@@ -81,7 +84,11 @@ Op = Generator[Query | Copy, list[Row], T]
 @dataclasses.dataclass(frozen=True)
 class Listen:
     """Start (or, ``listen=False``, stop) listening on ``channel`` for the wait of
-    ``task_id``, which the refusal to wait inside a transaction names."""
+    ``task_id``, which the refusal to wait inside a transaction names.
+
+    The driver answers True when notifications will arrive, False when nothing can deliver
+    them (a transaction-mode pooler in front and no ``PGQUEUE_LISTEN_URL``): the wait then
+    polls, often."""
 
     channel: str
     task_id: uuid.UUID
@@ -206,14 +213,18 @@ _CALLERS, _ATOMIC, _EACH_STEP = Transaction.CALLERS, Transaction.ATOMIC, Transac
 def drive(conn: Any, op: WaitOp[T], transaction: Transaction = _CALLERS) -> T:
     """Run ``op`` on a sync connection (psycopg or SQLAlchemy), in ``transaction``."""
     raw = db.sync_connection(conn)
+    # Behind a transaction pooler nothing is prepared (pgqueue.pooling): a step's own
+    # prepare=None would let psycopg prepare it on its fifth run on this connection.
+    prepare = pooling.prepares(raw)
     if transaction is _ATOMIC and raw.autocommit:
         with raw.transaction():
-            return _loop(raw, op, False)
-    return _loop(raw, op, transaction is _EACH_STEP)
+            return _loop(raw, op, False, prepare)
+    return _loop(raw, op, transaction is _EACH_STEP, prepare)
 
 
-def _loop(raw: psycopg.Connection[Any], op: WaitOp[T], each_step: bool) -> T:
+def _loop(raw: psycopg.Connection[Any], op: WaitOp[T], each_step: bool, prepare: bool) -> T:
     sql = statements()
+    wakeups: _Wakeups | None = None
     try:
         step = next(op)
         while True:
@@ -221,10 +232,14 @@ def _loop(raw: psycopg.Connection[Any], op: WaitOp[T], each_step: bool) -> T:
                 if isinstance(step, Query) and not each_step:
                     # The hot path, every enqueue, claim and completion: _query, inline.
                     with raw.cursor(row_factory=tuple_row if step.tuples else dict_row) as cur:
-                        cur.execute(sql[step.name], step.params, prepare=step.prepare)
+                        cur.execute(
+                            sql[step.name], step.params, prepare=step.prepare if prepare else False
+                        )
                         reply: Any = cur.fetchall() if _has_rows(cur) else []
                 else:
-                    reply = _step(raw, sql, step, each_step)
+                    if wakeups is None:
+                        wakeups = _Wakeups()
+                    reply = _step(raw, sql, step, each_step, prepare, wakeups)
             except BaseException as exc:
                 # Thrown into the operation, so that what it holds open (a tracing span)
                 # ends with the real error; it propagates from there.
@@ -233,35 +248,96 @@ def _loop(raw: psycopg.Connection[Any], op: WaitOp[T], each_step: bool) -> T:
                 step = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+    finally:
+        if wakeups is not None and wakeups.side is not None:
+            wakeups.side.close()
+
+
+class _Wakeups:
+    """Where a wait's notifications come from, decided at its Listen step: its own
+    connection (``side``: None, ``poll``: False), a LISTEN connection of its own on
+    ``PGQUEUE_LISTEN_URL`` (``side``) when a transaction pooler is in front of the caller's,
+    or nowhere (``poll``: the wait polls; LISTEN through such a pooler would hear nothing)."""
+
+    __slots__ = ("poll", "side")
+
+    def __init__(self) -> None:
+        self.side: Any = None
+        self.poll = False
+
+    def elsewhere(self, raw: Any) -> str | None:
+        """Decide, for a Listen: the URL to LISTEN on instead of ``raw`` (None: ``raw``
+        itself, or nowhere when ``poll`` is set)."""
+        if pooling.connection_mode(raw) != "transaction":
+            return None
+        url = pooling.resolve_listen_url(None, pooler="transaction")
+        self.poll = url is None
+        return url
+
+    def unavailable(self, url: str, exc: DatabaseUnavailable) -> bool:
+        """The LISTEN URL cannot be reached: the wait polls instead (it still ends in
+        time), and says so once."""
+        self.poll = True
+        log.event("wait.listen_unavailable", logging.WARNING, error=str(exc))
+        return False
 
 
 def _step(
-    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: WaitStep, each_step: bool
+    raw: psycopg.Connection[Any],
+    sql: Mapping[str, str],
+    step: WaitStep,
+    each_step: bool,
+    prepare: bool,
+    wakeups: _Wakeups,
 ) -> Any:
     """The reply to any step but a statement in the caller's transaction (the loop runs
-    those itself): the notifications received, or the rows of a statement."""
+    those itself): the notifications received, whether listening, or a statement's rows."""
     if isinstance(step, AwaitNotify):
+        seconds = max(step.seconds, 0.0)
+        if wakeups.poll:
+            time.sleep(seconds)
+            return []
+        source = raw if wakeups.side is None else wakeups.side
         return [
             n.payload
-            for n in raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+            for n in source.notifies(timeout=seconds, stop_after=1)
             if n.channel == step.channel
         ]
     if isinstance(step, Listen):
         _check_idle(raw, step)
+        if step.listen:
+            url = wakeups.elsewhere(raw)
+            if url is not None:
+                try:
+                    wakeups.side = db.connect(url, autocommit=True, pooler="none")
+                except DatabaseUnavailable as exc:
+                    return wakeups.unavailable(url, exc)
+                wakeups.side.execute(_listen_sql(step))
+                return True
+            if wakeups.poll:
+                return False
+        elif wakeups.side is not None or wakeups.poll:
+            if wakeups.side is not None:
+                side, wakeups.side = wakeups.side, None
+                side.close()
+            return False
     if each_step and not raw.autocommit:
         with raw.transaction():
-            return _statement(raw, sql, step)
-    return _statement(raw, sql, step)
+            return _statement(raw, sql, step, prepare)
+    return _statement(raw, sql, step, prepare)
 
 
 def _statement(
-    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
-) -> list[Row]:
+    raw: psycopg.Connection[Any],
+    sql: Mapping[str, str],
+    step: Query | Copy | Listen,
+    prepare: bool,
+) -> Any:
     if isinstance(step, Query):
-        return _query(raw, sql, step)
+        return _query(raw, sql, step, prepare)
     if isinstance(step, Listen):
         raw.execute(_listen_sql(step))
-        return []
+        return True
     with raw.cursor() as cur:
         cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see submitting._COPY_TYPES
         with cur.copy(sql[step.name]) as copy:
@@ -271,23 +347,29 @@ def _statement(
     return []
 
 
-def _query(raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query) -> list[Row]:
+def _query(
+    raw: psycopg.Connection[Any], sql: Mapping[str, str], step: Query, prepare: bool
+) -> list[Row]:
     with raw.cursor(row_factory=tuple_row if step.tuples else dict_row) as cur:
-        cur.execute(sql[step.name], step.params, prepare=step.prepare)
+        cur.execute(sql[step.name], step.params, prepare=step.prepare if prepare else False)
         return cur.fetchall() if _has_rows(cur) else []  # type: ignore[return-value]
 
 
 async def adrive(conn: Any, op: WaitOp[T], transaction: Transaction = _CALLERS) -> T:
     """Run ``op`` on an async connection (psycopg or SQLAlchemy); as :func:`drive`."""
     raw = await db.async_connection(conn)
+    prepare = pooling.prepares(raw)
     if transaction is _ATOMIC and raw.autocommit:
         async with raw.transaction():
-            return await _aloop(raw, op, False)
-    return await _aloop(raw, op, transaction is _EACH_STEP)
+            return await _aloop(raw, op, False, prepare)
+    return await _aloop(raw, op, transaction is _EACH_STEP, prepare)
 
 
-async def _aloop(raw: psycopg.AsyncConnection[Any], op: WaitOp[T], each_step: bool) -> T:
+async def _aloop(
+    raw: psycopg.AsyncConnection[Any], op: WaitOp[T], each_step: bool, prepare: bool
+) -> T:
     sql = statements()
+    wakeups: _Wakeups | None = None
     try:
         step = next(op)
         while True:
@@ -297,41 +379,77 @@ async def _aloop(raw: psycopg.AsyncConnection[Any], op: WaitOp[T], each_step: bo
                     async with raw.cursor(
                         row_factory=tuple_row if step.tuples else dict_row
                     ) as cur:
-                        await cur.execute(sql[step.name], step.params, prepare=step.prepare)
+                        await cur.execute(
+                            sql[step.name], step.params, prepare=step.prepare if prepare else False
+                        )
                         reply: Any = await cur.fetchall() if _has_rows(cur) else []
                 else:
-                    reply = await _astep(raw, sql, step, each_step)
+                    if wakeups is None:
+                        wakeups = _Wakeups()
+                    reply = await _astep(raw, sql, step, each_step, prepare, wakeups)
             except BaseException as exc:  # cancellation too: see _loop
                 step = op.throw(_translated(exc))
             else:
                 step = op.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+    finally:
+        if wakeups is not None and wakeups.side is not None:
+            await wakeups.side.close()
 
 
 async def _astep(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: WaitStep, each_step: bool
+    raw: psycopg.AsyncConnection[Any],
+    sql: Mapping[str, str],
+    step: WaitStep,
+    each_step: bool,
+    prepare: bool,
+    wakeups: _Wakeups,
 ) -> Any:
     """As :func:`_step`."""
     if isinstance(step, AwaitNotify):
-        notifies = raw.notifies(timeout=max(step.seconds, 0.0), stop_after=1)
+        seconds = max(step.seconds, 0.0)
+        if wakeups.poll:
+            await asyncio.sleep(seconds)
+            return []
+        source = raw if wakeups.side is None else wakeups.side
+        notifies = source.notifies(timeout=seconds, stop_after=1)
         return [n.payload async for n in notifies if n.channel == step.channel]
     if isinstance(step, Listen):
         _check_idle(raw, step)
+        if step.listen:
+            url = wakeups.elsewhere(raw)
+            if url is not None:
+                try:
+                    wakeups.side = await db.aconnect(url, autocommit=True, pooler="none")
+                except DatabaseUnavailable as exc:
+                    return wakeups.unavailable(url, exc)
+                await wakeups.side.execute(_listen_sql(step))
+                return True
+            if wakeups.poll:
+                return False
+        elif wakeups.side is not None or wakeups.poll:
+            if wakeups.side is not None:
+                side, wakeups.side = wakeups.side, None
+                await side.close()
+            return False
     if each_step and not raw.autocommit:
         async with raw.transaction():
-            return await _astatement(raw, sql, step)
-    return await _astatement(raw, sql, step)
+            return await _astatement(raw, sql, step, prepare)
+    return await _astatement(raw, sql, step, prepare)
 
 
 async def _astatement(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query | Copy | Listen
-) -> list[Row]:
+    raw: psycopg.AsyncConnection[Any],
+    sql: Mapping[str, str],
+    step: Query | Copy | Listen,
+    prepare: bool,
+) -> Any:
     if isinstance(step, Query):
-        return await _aquery(raw, sql, step)
+        return await _aquery(raw, sql, step, prepare)
     if isinstance(step, Listen):
         await raw.execute(_listen_sql(step))
-        return []
+        return True
     async with raw.cursor() as cur:
         cur.adapters.register_dumper(bytes, BytesBinaryDumper)  # see submitting._COPY_TYPES
         async with cur.copy(sql[step.name]) as copy:
@@ -342,10 +460,10 @@ async def _astatement(
 
 
 async def _aquery(
-    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query
+    raw: psycopg.AsyncConnection[Any], sql: Mapping[str, str], step: Query, prepare: bool
 ) -> list[Row]:
     async with raw.cursor(row_factory=tuple_row if step.tuples else dict_row) as cur:
-        await cur.execute(sql[step.name], step.params, prepare=step.prepare)
+        await cur.execute(sql[step.name], step.params, prepare=step.prepare if prepare else False)
         return await cur.fetchall() if _has_rows(cur) else []  # type: ignore[return-value]
 
 
@@ -367,10 +485,12 @@ def _listen_sql(step: Listen) -> psycopg.sql.Composed:
 
 def _check_idle(raw: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], step: Listen) -> None:
     # Inside a transaction a wait cannot end: what it enqueued there is invisible to workers,
-    # and notifications are only delivered between transactions.
+    # and notifications are only delivered between transactions. A closed connection is not
+    # idle either, but it is in no transaction: it gets its own error (db.opened).
     if step.listen and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         from pgqueue.errors import WaitInTransaction
 
+        db.opened(raw)
         raise WaitInTransaction(step.task_id)
 
 

@@ -2,6 +2,9 @@
 
 An idempotency key taken returns (or, with ``key_reuse`` REFUSE, refuses against) the task
 holding it; a task with parents goes through ``dependencies``. Statements: sql/submitting.sql.
+
+Every insert wakes idle workers of the queues it made ready (NOTIFY, on commit) unless
+``notify`` is false; None is ``PGQUEUE_NOTIFY``'s (pgqueue.pooling.resolve_notify).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgqueue import pooling
 from pgqueue.config import DEFAULT_QUEUE
 from pgqueue.errors import ComparedField, IdempotencyConflict, UnknownParent
 from pgqueue.models import KeyReuse, Priority, Task, built
@@ -35,12 +39,14 @@ def task_insert(
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
     key_reuse: KeyReuse = KeyReuse.RETURN,
+    notify: bool | None = None,
 ) -> Op[tuple[Task, bool]]:
     """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing).
     A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue or
     payload, raises IdempotencyConflict (no SQL error: the transaction stays usable)."""
+    notify = pooling.resolve_notify(notify)
     if _in_graph(spec):
-        (task,) = yield from task_insert_dependent([spec], now, trace_context)
+        (task,) = yield from task_insert_dependent([spec], now, trace_context, notify=notify)
         return task, True
     rows = yield Query(
         "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
@@ -63,6 +69,7 @@ def task_insert(
             "expires_at": spec.expires_at,
             "expires_in": spec.expires_in,
             "workflow_id": spec.workflow_id,  # read by task_insert only (a keyed root task)
+            "notify": notify,
             **_defaults(),
         },
     )
@@ -82,7 +89,7 @@ def task_insert(
     # commit, so this statement (a fresh snapshot under READ COMMITTED) sees the winner.
     rows = yield from _holders([spec], key_reuse)
     if not rows:  # the winner rolled back between our two statements: insert again
-        return (yield from task_insert(spec, now, trace_context, key_reuse))
+        return (yield from task_insert(spec, now, trace_context, key_reuse, notify))
     if key_reuse is KeyReuse.REFUSE:
         _refuse_if_different(spec, rows[0])
     return Task.from_row(rows[0]), False
@@ -201,6 +208,7 @@ def task_insert_many(
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
     key_reuse: KeyReuse = KeyReuse.RETURN,
+    notify: bool | None = None,
 ) -> Op[list[tuple[Task, bool]]]:
     """Insert many tasks: those without an idempotency key by binary COPY (no conflict is
     possible), those with one by a single INSERT ... ON CONFLICT over arrays. The batch shares
@@ -209,6 +217,7 @@ def task_insert_many(
     raises IdempotencyConflict after the rows this batch inserted are deleted again."""
     if not specs:
         return []
+    notify = pooling.resolve_notify(notify)
     # (_in_graph, inline: a call per task saved)
     graph = [
         s
@@ -223,10 +232,10 @@ def task_insert_many(
         check_acyclic({s.id: s.depends_on for s in graph})
         specs_all = specs
         specs = [s for s in specs if not _in_graph(s)]
-        done = yield from task_insert_many(specs, now, trace_context, key_reuse)
+        done = yield from task_insert_many(specs, now, trace_context, key_reuse, notify)
         batch = {s.id for s in specs_all}
         try:
-            created = yield from task_insert_dependent(graph, now, trace_context, batch)
+            created = yield from task_insert_dependent(graph, now, trace_context, batch, notify)
         except UnknownParent:
             ours = [t.id for t, was_created in done if was_created]
             if ours:
@@ -237,7 +246,7 @@ def task_insert_many(
     plain = [s for s in specs if s.idempotency_key is None]
     if len(plain) == len(specs):  # the common case: all by COPY, in the caller's order
         tasks, ready = yield from _copy_plain(plain, now, trace_context)
-        if ready:
+        if ready and notify:
             yield Query("queue_notify", {"queues": sorted(ready)})
         return [(t, True) for t in tasks]
     results: dict[uuid.UUID, tuple[Task, bool]] = {}
@@ -251,7 +260,7 @@ def task_insert_many(
     if keyed:
         try:
             keyed_results = yield from _insert_keyed(
-                keyed, now, trace_context, key_reuse, inserted_ids, specs
+                keyed, now, trace_context, key_reuse, inserted_ids, specs, notify
             )
         except IdempotencyConflict:
             if inserted_ids:  # all or nothing, on the caller's connection as on autocommit
@@ -260,6 +269,8 @@ def task_insert_many(
         for s, result in zip(keyed, keyed_results, strict=True):
             results[s.id] = result
     out = [results[s.id] for s in specs]
+    if not notify:
+        return out
     queues = sorted({t.queue for t, created in out if created and t.visible_after <= t.created_at})
     if queues:
         yield Query("queue_notify", {"queues": queues})
@@ -327,10 +338,12 @@ def task_copy_columns(
     payloads: Sequence[str],
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
+    notify: bool | None = None,
 ) -> Op[None]:
     """Tasks alike but for their ids and payloads (JSON text) by binary COPY: ``spec``, a
     prepared task without a key or parents, gives the rest, resolved once for all (the type's
     declaration as in _copy_plain)."""
+    notify = pooling.resolve_notify(notify)
     (head,) = yield Query("task_copy_clock", {"now": now, "types": [spec.type]})
     clock: datetime = head["now"]
     attempts, base, factor, cap, mark = _resolved_policy(spec, _declared_policies(head["declared"]))
@@ -355,7 +368,7 @@ def task_copy_columns(
         for i, p in zip(ids, payloads, strict=True)
     ]  # fmt: skip
     yield Copy("task_copy", _COPY_TYPES, rows)
-    if visible_after <= clock:
+    if notify and visible_after <= clock:
         yield Query("queue_notify", {"queues": [queue]})
 
 
@@ -374,6 +387,7 @@ def _insert_keyed(
     key_reuse: KeyReuse,
     inserted_ids: list[uuid.UUID],
     batch: Sequence[TaskSpec],
+    notify: bool,
 ) -> Op[list[tuple[Task, bool]]]:
     """The keyed part of a bulk insert; appends the ids it inserts to ``inserted_ids``.
     ``batch``, the whole batch in the caller's order, is what a refusal's positions refer to."""
@@ -423,7 +437,7 @@ def _insert_keyed(
             # Either an older task, or an earlier spec of this same batch with the same key.
             out.append((existing[s.idempotency_key], False))
         else:  # the key's holder vanished (rolled back) between statements: insert it alone
-            result = yield from task_insert(s, now, trace_context, key_reuse)
+            result = yield from task_insert(s, now, trace_context, key_reuse, notify)
             if result[1]:
                 inserted_ids.append(result[0].id)
             out.append(result)

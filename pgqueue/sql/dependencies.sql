@@ -27,7 +27,8 @@ SELECT id, status, parents_pending, cancelled_by, last_error, finished_at
 -- deadlocking on an upgrade from a shared lock. A task is inserted
 -- 'waiting' (some parent not final), 'queued' (every parent completed, or final for a
 -- run-anyway task) or 'cancelled' (a parent failed or was cancelled). A parent not found
--- makes the statement insert nothing and name it (missing).
+-- makes the statement insert nothing and name it (missing). A task queued at once wakes idle
+-- workers on commit, unless %(notify)s is false (PGQUEUE_NOTIFY=off).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 e AS (
     SELECT * FROM unnest(%(edge_children)s::uuid[], %(edge_parents)s::uuid[],
@@ -126,7 +127,7 @@ buckets_in AS (
      GROUP BY child_id, bucket
 )
 SELECT m.ids AS missing, i.*,
-       CASE WHEN i.status = 'queued' AND i.visible_after <= i.created_at
+       CASE WHEN %(notify)s::boolean AND i.status = 'queued' AND i.visible_after <= i.created_at
             THEN pg_notify('pgqueue', i.queue) END AS notified
   FROM missing AS m LEFT JOIN inserted AS i ON true;
 

@@ -7,7 +7,9 @@
 
 -- name: task_insert
 -- One task; with a taken idempotency key nothing is inserted and no row comes back.
--- pg_notify is transactional: idle workers wake only if (and when) the caller commits.
+-- pg_notify is transactional: idle workers wake only if (and when) the caller commits; not at
+-- all with %(notify)s false (PGQUEUE_NOTIFY=off: producers' commits then never queue for the
+-- cluster-wide lock a NOTIFY takes, and workers poll).
 -- The retry policy, field by field: the caller's, else the type's declaration (one primary-key
 -- read of pgqueue.task_types), else the default (see task_insert_plain). So are the queue and
 -- the priority: NULL from the caller means "not given".
@@ -38,14 +40,14 @@ inserted AS (
 )
 SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_attempts,
        inserted.queue, inserted.priority, inserted.expires_at,
-       CASE WHEN inserted.visible_after <= clock.now
+       CASE WHEN %(notify)s::boolean AND inserted.visible_after <= clock.now
             THEN pg_notify('pgqueue', inserted.queue) END AS notified
   FROM inserted, clock;
 
 -- name: task_insert_plain
 -- One task without an idempotency key: nothing can conflict, so a plain INSERT (no CTE, no
 -- ON CONFLICT arbiter) does it, about a sixth cheaper than task_insert. Wakes idle workers on
--- commit, as task_insert does. The retry policy, field by field: the caller's, else the
+-- commit, as task_insert does (unless %(notify)s is false). The retry policy, field by field: the caller's, else the
 -- type's declaration (one primary-key read of pgqueue.task_types, in this statement: no round
 -- trip more), else the default. policy_default marks a task that got the default for want of
 -- both, so that the first claim after its type is declared applies the declaration. The queue
@@ -71,7 +73,8 @@ SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
                 + %(expires_in)s::double precision * interval '1 second')
   FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
 RETURNING visible_after, created_at, max_attempts, queue, priority, expires_at,
-          CASE WHEN visible_after <= created_at THEN pg_notify('pgqueue', queue) END AS notified;
+          CASE WHEN %(notify)s::boolean AND visible_after <= created_at
+               THEN pg_notify('pgqueue', queue) END AS notified;
 
 -- name: clock
 -- The transaction's time (or the tests' clock): what a bulk COPY stamps on its rows.
@@ -135,7 +138,8 @@ ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, visible_after, created_at, max_attempts, queue, priority, expires_at;
 
 -- name: queue_notify
--- Wake idle workers of these queues (once per queue, after a bulk insert).
+-- Wake idle workers of these queues (once per queue, after a bulk insert); not sent at all
+-- when enqueues do not notify (PGQUEUE_NOTIFY=off).
 SELECT pg_notify('pgqueue', q) FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: task_get_by_keys

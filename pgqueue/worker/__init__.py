@@ -26,8 +26,9 @@ test can drive it one step at a time:
 - **metrics** (metrics.py): Prometheus metrics and /healthz, with a metrics port only.
 
 :class:`Worker` (service.py) builds them, runs them and stops them. Database errors never
-crash the loop: every statement is retried with backoff (database.py), and the lease fence
-decides afterwards whose outcome counts.
+crash a loop: every error of every statement is logged, counted and retried with a capped
+backoff (database.py, database_errors.py), and the lease fence decides afterwards whose
+outcome counts; only a bug of the worker's own stops it (exit code 1), to be restarted.
 """
 
 from __future__ import annotations

@@ -99,11 +99,11 @@ class Claimer:
         return concurrency - len(self._running) - backlog
 
     async def claim_once(self, want: int) -> list[ClaimedTask] | None:
-        """Claim up to ``want`` tasks and start each; None when the database could not be
-        reached (nothing was claimed)."""
+        """Claim up to ``want`` tasks and start each; None after a database error (nothing
+        was claimed; the next call waits out its backoff)."""
         self._slots.wake.clear()  # before the claim, so a NOTIFY during it is not missed
         claimed = await self._db.call(
-            lambda c: self._metrics.claim_timed(self._claim(c, want)), attempts=1
+            "claimer", lambda c: self._metrics.claim_timed(self._claim(c, want)), attempts=1
         )
         self.first_claim_tried.set()
         if claimed is not None:

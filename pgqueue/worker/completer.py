@@ -65,9 +65,15 @@ class Completer:
 
     async def _write(self, batch: list[PendingCompletion], final: bool) -> set[Any] | None:
         """The ids of the batch's tasks whose completion was recorded (the others had lost
-        their lease), or None if the database could not be reached."""
+        their lease), or None if the write gave up (at shutdown, or at a forced stop).
+
+        A database error is retried (Database.call) with the same lease tokens: a retry
+        records only the completions whose lease is still this worker's, exactly as the first
+        try would have, since the statement is fenced by the lease and an error rolls it back
+        whole. Meanwhile the batch stays pending and the heartbeat keeps its leases alive."""
         items = [(p.task.lease, p.result_json) for p in batch]
         return await self._db.call(
+            "completer",
             lambda c: arun(c, task_complete_many(items)),
             attempts=5 if final else None,
         )
@@ -86,8 +92,8 @@ def _log_outcomes(batch: list[PendingCompletion], done: set[Any] | None) -> None
                 "task.outcome_unrecorded",
                 logging.ERROR,
                 **fields,
-                note="completed, but the database was unreachable at shutdown; "
-                "the task will run again when its lease expires",
+                note="completed, but the completion could not be written at shutdown "
+                "(see worker.database_error); the task will run again when its lease expires",
             )
         elif p.task.id in done:
             event("task.completed", **fields)

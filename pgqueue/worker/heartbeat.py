@@ -59,10 +59,12 @@ class Heartbeat:
             return
         cfg = self._config
         result = await self._db.call(
-            lambda c: aio.heartbeat(c, leases, lease_seconds=cfg.lease_seconds), attempts=1
+            "heartbeat",
+            lambda c: aio.heartbeat(c, leases, lease_seconds=cfg.lease_seconds),
+            attempts=1,
         )
         if result is None:
-            return  # try again next round; the lease is a multiple of the interval
+            return  # try again next round (after the backoff); the lease is 3 intervals
         self._tell_handlers(held, result)
 
     def _tell_handlers(self, held: dict[uuid.UUID, Running], result: HeartbeatResult) -> None:

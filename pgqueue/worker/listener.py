@@ -12,16 +12,16 @@ notifications sent while it was deaf are gone.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from pgqueue.log import event
 from pgqueue.queries.waiting import RELEASED_CHANNEL
 from pgqueue.worker.cancels import CANCEL_CHANNEL
 from pgqueue.worker.config import WorkerConfig
+from pgqueue.worker.database_errors import PROGRAMMING_ERRORS, ErrorStreak
+from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
 
 
 class Listener:
@@ -37,6 +37,7 @@ class Listener:
         on_cancel: Callable[[str], object] | None = None,
         on_connect: Callable[[], object] | None = None,
         on_released: Callable[[str], object] | None = None,
+        metrics: WorkerMetrics = NO_METRICS,
     ) -> None:
         self.database_url = database_url
         self._config = config
@@ -46,6 +47,7 @@ class Listener:
         self._on_connect = on_connect
         self._on_released = on_released
         self._adopted: psycopg.AsyncConnection[Any] | None = None
+        self._metrics = metrics
 
     def adopt(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Listen first on ``conn`` (autocommit), an open connection the worker has no more
@@ -67,8 +69,17 @@ class Listener:
         )
 
     async def run(self) -> None:
-        delay = 0.2
+        """Any error but PROGRAMMING_ERRORS (see worker/database_errors.py) is logged as
+        ``worker.listen_lost`` (the first of a streak, then summaries), counted
+        (``service=listener``), and the listener listens again after the backoff."""
+        errors = ErrorStreak(
+            "listener",
+            worker=self._config.worker_id,
+            metrics=self._metrics,
+            event_name="worker.listen_lost",
+        )
         while True:
+            delay = 0.2  # the connection ended without an error
             try:
                 conn = await self._connect()
                 async with conn:
@@ -83,7 +94,7 @@ class Listener:
                         # Cancels sent while we were deaf are lost: a heartbeat now brings them.
                         self._on_connect()
                     self._wake.set()  # anything sent while we were deaf is lost: look now
-                    delay = 0.2
+                    errors.recovered()
                     async for note in conn.notifies():
                         if note.channel == CANCEL_CHANNEL:
                             if self._on_cancel is not None:
@@ -94,15 +105,8 @@ class Listener:
                                 self._on_released(note.payload)
                         elif note.payload in self._queues or note.payload == "*":
                             self._wake.set()
-            except psycopg.Error as exc:
-                event(
-                    "worker.listen_lost",
-                    logging.WARNING,
-                    worker=self._config.worker_id,
-                    error=str(exc).strip().splitlines()[0]
-                    if str(exc).strip()
-                    else type(exc).__name__,
-                    retry_in_s=delay,
-                )
+            except PROGRAMMING_ERRORS:
+                raise
+            except Exception as exc:
+                delay = errors.failed(exc)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)

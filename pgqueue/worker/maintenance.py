@@ -20,11 +20,12 @@ from typing import Any
 
 import psycopg
 
-from pgqueue.errors import DatabaseUnavailable, ValidationError
+from pgqueue.errors import ValidationError
 from pgqueue.log import event
 from pgqueue.models import TaskStatus
 from pgqueue.operations import DEFAULT_COMPLETED_RETENTION, DEFAULT_DEAD_RETENTION
 from pgqueue.queries import claiming, driver, maintenance, queues
+from pgqueue.worker.database_errors import PROGRAMMING_ERRORS, ErrorStreak
 from pgqueue.worker.metrics import NO_METRICS, WorkerMetrics
 from pgqueue.worker.results import MaintenanceResult
 
@@ -248,17 +249,22 @@ class Maintenance:
             event("maintenance.prune", pruned=out.pruned)
         return out
 
-    async def run(self, pool: Any, stop: asyncio.Event) -> None:
-        """Loop until ``stop`` is set; database errors are logged and retried next round."""
+    async def run(self, pool: Any, stop: asyncio.Event, *, worker: str | None = None) -> None:
+        """Loop until ``stop`` is set. Any error of a round but PROGRAMMING_ERRORS (see
+        worker/database.py) is logged as ``maintenance.error`` (the first of a streak, then
+        summaries), counted (``service=maintenance``), and the next round waits for the
+        backoff if that is longer than the sweep interval; every step is safe to run again."""
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + random.uniform(0, self.config.prune_interval)
         first = True  # a worker starting on a fresh backlog checks the statistics at once
+        errors = ErrorStreak(
+            "maintenance", worker=worker, metrics=self.metrics, event_name="maintenance.error"
+        )
         while not stop.is_set():
             if not first:
+                wait = self.config.sweep_interval * random.uniform(0.8, 1.2)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(
-                        self.config.sweep_interval * random.uniform(0.8, 1.2)
-                    ):
+                    async with asyncio.timeout(max(wait, errors.remaining())):
                         await stop.wait()
                 if stop.is_set():
                     return
@@ -272,15 +278,10 @@ class Maintenance:
                     if not first and loop.time() >= next_prune:
                         next_prune = loop.time() + self.config.prune_interval
                         await self.prune_once(conn)
-            except (psycopg.Error, DatabaseUnavailable) as exc:
-                event(
-                    "maintenance.error",
-                    logging.WARNING,
-                    error=str(exc).strip().splitlines()[0]
-                    if str(exc).strip()
-                    else type(exc).__name__,
-                )
+            except PROGRAMMING_ERRORS:
+                raise
             except Exception as exc:
-                if type(exc).__name__ != "PoolTimeout":
-                    raise
+                errors.failed(exc)
+            else:
+                errors.recovered()
             first = False

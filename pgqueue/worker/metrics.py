@@ -86,6 +86,10 @@ class WorkerMetrics:
     def lease_swept(self, result: MaintenanceResult) -> None:
         pass
 
+    def database_error(self, service: str, kind: str) -> None:
+        """``service`` met a database error of ``kind`` (worker/database.py's KINDS) and will
+        retry."""
+
     def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
         """A sync handler's timeout passed while its thread runs on; ``overrunning`` such
         threads now."""
@@ -205,6 +209,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.children = {"started": 0, "died": 0}
         self.children_recycled: dict[str, int] = {}
         self.children_killed: dict[str, int] = {}
+        self.database_errors: dict[tuple[str, str], int] = {}  # by (service, kind)
         self.depth = _QueueDepth(database_url, list(queues))
         self.registry = CollectorRegistry()  # not the global one: nothing else gets in
         self.registry.register(self)
@@ -255,6 +260,10 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.sweeps["skipped" if result.skipped else "swept"] += 1
         self.swept_requeued += result.requeued
         self.swept_dead += result.dead
+
+    def database_error(self, service: str, kind: str) -> None:
+        key = (service, kind)
+        self.database_errors[key] = self.database_errors.get(key, 0) + 1
 
     def handler_overrun(self, task: ClaimedTask, overrunning: int) -> None:
         self._of(task).overruns += 1
@@ -332,6 +341,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             "dead-lettered",
             value=self.swept_dead,
         )
+        yield self._database_errors()
         yield GaugeMetricFamily(
             "pgqueue_worker_handlers_overrunning",
             "Sync handlers past their timeout whose threads still run: each holds its slot "
@@ -383,6 +393,20 @@ class PrometheusWorkerMetrics(WorkerMetrics):
                 family.add_metric([reason], n)
             yield family
         yield from self.depth.collect()
+
+    def _database_errors(self) -> Metric:
+        from prometheus_client.metrics_core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "pgqueue_worker_database_errors",
+            "Database errors the worker's services met and retried, by service (claimer, "
+            "completer, heartbeat, listener, maintenance, scheduler, runner, release) and kind "
+            "(connection, conflict, statement, client: see pgqueue/worker/database_errors.py)",
+            labels=["service", "kind"],
+        )
+        for (service, kind), n in sorted(self.database_errors.copy().items()):
+            family.add_metric([service, kind], n)
+        return family
 
     # --- the server ----------------------------------------------------------------------
 

@@ -197,7 +197,11 @@ class Runner:
             event("task.lease_lost", logging.WARNING, **fields)
             return
         if isinstance(outcome, Cancelled):
-            ok = await self._db.call(lambda c: _fenced(_cancel(c, task.lease, outcome.reason)))
+            ok = await self._db.call(
+                "runner",
+                lambda c: _fenced(_cancel(c, task.lease, outcome.reason)),
+                subject=_subject(task),
+            )
             event("task.cancelled" if ok else "task.lease_lost", **fields, reason=outcome.reason)
             return
         if isinstance(outcome, Snoozed):
@@ -213,9 +217,11 @@ class Runner:
         failed attempt (task_snooze says which)."""
         bound = self._max_snoozes
         result = await self._db.call(
+            "runner",
             lambda c: _fenced(
                 aio.snooze(c, task.lease, outcome.after, reason=outcome.reason, max_snoozes=bound)
-            )
+            ),
+            subject=_subject(task),
         )
         if result is None or result is False:
             event("task.lease_lost", logging.WARNING, **fields, note="while snoozing")
@@ -249,7 +255,9 @@ class Runner:
         # The row's policy decides, not this worker's registry: it is what the caller gave,
         # or the type's declaration (applied at enqueue, or at the claim for a task enqueued
         # before it), so the attempts logged, listed and enforced are the same number.
-        result = await self._db.call(lambda c: _fenced(_fail(c, task.lease, outcome)))
+        result = await self._db.call(
+            "runner", lambda c: _fenced(_fail(c, task.lease, outcome)), subject=_subject(task)
+        )
         self._metrics.task_failed(task, result or None)
         summary = split_error(outcome.error).headline or "error"
         if result is None or result is False:
@@ -273,6 +281,11 @@ class Runner:
                 retry_in_s=round(max(wait, 0), 2),
                 error=summary,
             )
+
+
+def _subject(task: ClaimedTask) -> dict[str, Any]:
+    """What a database error of this task's outcome write names (and keys its streak by)."""
+    return {"task_id": task.id, "type": task.type, "attempt": task.attempts}
 
 
 async def _fail(conn: Any, lease: Lease, outcome: Failed) -> FailResult:

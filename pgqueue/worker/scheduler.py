@@ -7,7 +7,6 @@ enqueues only the ticks after the last one recorded, so a tick is enqueued once 
 from __future__ import annotations
 
 import asyncio
-import logging
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,16 +35,20 @@ class Scheduler:
             await asyncio.sleep(min(max((wake - now).total_seconds(), 0.005), 5.0))
 
     async def tick_once(self, schedules: list[Schedule]) -> None:
+        """One try of each schedule. A schedule whose statement failed is logged and counted
+        (Database.call, ``service=scheduler schedule=NAME``) and skipped until its backoff
+        is over, a streak of its own, so that a bad schedule neither stops nor delays the
+        others (a per-second schedule kept waiting would miss ticks); its due ticks are
+        enqueued once it succeeds again (only the newest, unless ``catch_up``)."""
         for schedule in schedules:
 
             async def run(conn: Any, s: Schedule = schedule) -> list[EnqueueResult]:
                 return await aio.run_schedule(conn, s, registry=self._registry)
 
-            try:
-                results = await self._db.call(run, attempts=1)
-            except Exception as exc:  # a bad schedule must not stop the others
-                event("schedule.error", logging.ERROR, schedule=schedule.name, error=str(exc))
+            subject = {"schedule": schedule.name}
+            if self._db.backing_off("scheduler", subject):
                 continue
+            results = await self._db.call("scheduler", run, attempts=1, subject=subject)
             for result in results or []:
                 if result.created:
                     event(

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import time
+import traceback
 from typing import Any
 
 import psycopg
@@ -48,7 +49,8 @@ SIGNAL_ECHO_SECONDS = 1.0
 class Worker:
     """Runs the handlers of ``registry`` for tasks of ``config.queues``. Once it has run,
     ``exit_code`` is 0, or ``pgqueue.config.EXIT_RECYCLE`` when it stopped to be replaced
-    (``WorkerConfig.max_overrunning``)."""
+    (``WorkerConfig.max_overrunning``), or 1 when it stopped because one of its services
+    failed on a bug of its own (``worker.service_failed``)."""
 
     def __init__(
         self,
@@ -76,7 +78,7 @@ class Worker:
             database_url=self.database_url,
         )
         cfg, slots, url = self.config, self._slots, self.database_url
-        self._db = Database(url, cfg, self._stop)
+        self._db = Database(url, cfg, self._stop, self.metrics)
         self._pools = HandlerPools(url, cfg)
         # The process executor's children, when a handler runs in one (processes.py).
         self._processes = (
@@ -126,6 +128,7 @@ class Worker:
             on_cancel=self._cancels.notified,
             on_connect=self._heartbeat.soon,
             on_released=self._claimer.starts.forget,
+            metrics=self.metrics,
         )
         self._scheduler = Scheduler(registry, db=self._db)
 
@@ -272,7 +275,7 @@ class Worker:
             async def maintain() -> None:
                 # After the first claim, not beside it: the claim needs a connection first.
                 await self._claimer.first_claim_tried.wait()
-                await maintenance.run(pool, self._stop.requested)
+                await maintenance.run(pool, self._stop.requested, worker=cfg.worker_id)
 
             helpers.append(asyncio.create_task(maintain(), name="maintenance"))
 
@@ -281,7 +284,29 @@ class Worker:
             await self._db.started()
 
         helpers.append(asyncio.create_task(grow_pool(), name="pool-size"))
+        for helper in helpers:
+            helper.add_done_callback(self._service_ended)
         return helpers
+
+    def _service_ended(self, helper: asyncio.Task[None]) -> None:
+        """A service beside the claimer ended by itself. Database errors never do that (they
+        are retried: worker/database.py), so this is a bug of the worker's own (one of
+        database_errors.PROGRAMMING_ERRORS): say so with its traceback, and stop gracefully
+        with exit code 1, to be restarted, rather than run on without it (a worker without
+        its heartbeat would hold leases it no longer renews)."""
+        exc = None if helper.cancelled() else helper.exception()
+        if exc is None:
+            return
+        event(
+            "worker.service_failed",
+            logging.CRITICAL,
+            worker=self.config.worker_id,
+            service=helper.get_name(),
+            error=repr(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        self.exit_code = 1
+        self.request_stop()
 
     async def _wait_for_database(self) -> tuple[psycopg.AsyncConnection[Any], str]:
         """Refuse a schema behind head, waiting up to ``startup_timeout`` for a database that
@@ -384,7 +409,10 @@ class Worker:
         leases = [r.task.lease for r in held]
         released: set[Any] = set()
         if leases:
-            released = await self._db.call(lambda c: aio.release(c, leases), attempts=3) or set()
+            released = (
+                await self._db.call("release", lambda c: aio.release(c, leases), attempts=3)
+                or set()
+            )
         for r in held:
             event(
                 "task.released",

@@ -116,7 +116,7 @@ class OneRoundTrip:
     def __init__(self, result: HeartbeatResult) -> None:
         self.result = result
 
-    async def call(self, fn: Any, *, attempts: int | None = None) -> HeartbeatResult:
+    async def call(self, service: str, fn: Any, *, attempts: int | None = None) -> HeartbeatResult:
         return self.result
 
 
