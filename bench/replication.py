@@ -169,8 +169,8 @@ class Pair:
     def url(self, database: str = "postgres") -> str:
         """Both servers as one URL, the form ``pgqueue --database-url`` takes: libpq tries
         them in order and keeps the first that accepts writes (the primary, or the standby
-        once promoted). The ports go in the query string: pgqueue's URL check refuses the
-        ``host:port,host:port`` spelling (see docs/failover-notes.md)."""
+        once promoted). The ports go in the query string, one of the spellings libpq takes
+        (docs/databases.md#failover)."""
         return (
             f"postgresql://postgres@127.0.0.1,127.0.0.1/{database}"
             f"?port={self.primary.port},{self.standby.port}&target_session_attrs=read-write"
