@@ -7,6 +7,7 @@ brings are injected on a seeded schedule, and then every task is accounted for.
     python -m bench.chaos --seed 7 --scenarios kill9,sigstop --tasks 5000
     python -m bench.chaos --scenarios workflow --tasks 3000 --seed 1
     python -m bench.chaos --scenarios executor --tasks 600 --seed 1
+    python -m bench.chaos --scenarios failover_async,failover_sync --tasks 3000 --seed 1
 
 It starts a private PostgreSQL server of its own (never the machine's shared one: it restarts
 and kills it), migrates it, and starts ``--workers`` real ``pgqueue worker`` processes, which
@@ -43,7 +44,38 @@ while the scenario's faults are injected:
                           limit, ``--repeats`` of each on their first attempt only and one
                           of each on every attempt (poison), among innocent tasks; and
                           ``--repeats`` SIGKILLs of workers
+``failover_async``        on a primary and a streaming standby of its own: the standby
+                          gets nothing for ``--failover-lag`` s, the primary crashes
+                          (``-m immediate``), the standby is promoted ``--failover-down`` s
+                          later (a lease by default); producers and workers have both
+                          servers in one URL (``target_session_attrs=read-write``)
+``failover_sync``         the same with the standby synchronous
+                          (``synchronous_standby_names``)
 ========================  =================================================================
+
+The failover scenarios run on servers of their own (bench/replication.py): a fresh primary,
+migrated, and a ``pg_basebackup`` of it streaming from it through a relay of ours (the
+link, which the failover holds up so that the standby is behind, as one under load is, then
+cuts as the primary dies). Their workers are restarted with the pair's URL
+(``postgresql://postgres@127.0.0.1,127.0.0.1/postgres?port=P1,P2&target_session_attrs=
+read-write``), at log level INFO (their ``task.completed`` lines are the acknowledged
+completions) and with ``CHAOS_JOURNAL``, where every execution is recorded outside the
+database (asynchronous replication loses ``chaos.executions`` rows too); the producer gets
+the same servers as libpq keywords (``host=127.0.0.1,127.0.0.1 port=P1,P2
+target_session_attrs=read-write``), and retries a submit cut off by the failover (an enqueue
+not acknowledged is not a loss). At least 200 tasks over at least 4 s; once the standby is
+promoted the driver submits 2 long tasks per worker (1.5 leases each). Checked, besides the
+rest (an acknowledgement before the promotion came from the old primary: the standby refuses
+writes until then): with synchronous replication, no acknowledged enqueue lost and no task
+run again after its completion was acknowledged (a task running at the failover may run
+again: a claim's commit waits for no flush, see pgqueue/sql/claiming.sql); with asynchronous
+replication, how many of each, counted, not failed (what the mode allows; the lost ones are
+not in the lost column); in both, no enqueue or completion acknowledged after the promotion
+lost or run again, every worker of the crash alive, LISTENing on the promoted standby and
+running statements there at the end (by the application_name each worker's sessions get from
+``PGAPPNAME``), each long task run exactly once (a heartbeat that did not carry on lets its
+lease expire). Reported: how far behind the standby was, the seconds from the crash to the
+promotion, and each worker's from the promotion to its first completion.
 
 The executor scenario restarts the workers (SIGTERM, then the same command with the process
 executor's options; not counted as deaths) before it, and again after it if another scenario
@@ -138,7 +170,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -148,6 +180,7 @@ import psycopg
 import pgqueue
 from bench.chaos_handlers import POISON, PROCESS_FAULTS, SURVIVE, link
 from bench.private_postgres import PrivateServer, private_server
+from bench.replication import Failover, Pair, standby
 from pgqueue import migrate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,7 +197,19 @@ SCENARIOS = (
     "pinned_readers",
     "workflow",
     "executor",
+    "failover_async",
+    "failover_sync",
 )
+# The failover scenarios, each on a primary and a standby of its own: whether the standby is
+# synchronous. At least FAILOVER_MIN_TASKS tasks over at least FAILOVER_MIN_WINDOW seconds
+# (the failover falls among them even in the smoke), and FAILOVER_PROBES long tasks per worker
+# submitted once the standby is promoted, each 1.5 leases long: one that runs twice had its
+# lease expire under a live worker, whose heartbeat did not carry on.
+FAILOVER = {"failover_async": False, "failover_sync": True}
+FAILOVER_MIN_TASKS = 200
+FAILOVER_MIN_WINDOW = 4.0
+FAILOVER_PROBES = 2
+STALLED_AFTER = 5.0  # seconds without a statement after which a worker has not carried on
 PINNED = frozenset({"pinned_xid", "pinned_readers"})
 PINNED_READERS = 2  # REPEATABLE READ sessions of pinned_readers
 READER_PAUSE = 0.5  # seconds between one reader's counts
@@ -237,6 +282,12 @@ class Settings:
     scenarios: tuple[str, ...]
     pg_version: int
     smoke: bool
+    failover_lag: float = 0.5  # seconds the link to the standby is held before a failover
+    failover_down: float | None = None  # seconds from the crash to the promotion (None: a lease)
+
+    @property
+    def down(self) -> float:
+        return self.lease if self.failover_down is None else self.failover_down
 
 
 def log(message: str) -> None:
@@ -246,36 +297,56 @@ def log(message: str) -> None:
 # --- the worker fleet --------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class FleetConfig:
+    """What the workers run with: the database URL (a failover scenario's names both servers
+    of its pair), extra options (the executor scenario's), environment variables (a failover
+    scenario's journal of executions) and the log level (INFO in a failover scenario, whose
+    acknowledged completions are its ``task.completed`` lines)."""
+
+    url: str
+    extra: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    log_level: str = "WARNING"
+
+
 class Fleet:
     """``workers`` real ``pgqueue worker`` processes (no supervisor: a kill must hit the
     worker itself), each restarted as soon as it is found dead."""
 
     def __init__(self, url: str, settings: Settings, log_dir: Path) -> None:
-        self.url = url
+        self.config = FleetConfig(url)  # the current scenario's (see reconfigure)
         self.settings = settings
         self.log_dir = log_dir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.stopped: set[int] = set()  # pids under SIGSTOP
         self.deaths: list[tuple[float, int, int]] = []  # (when, pid, exit code)
         self.killed: dict[int, float] = {}  # pid -> when the run sent it SIGKILL
-        self.extra: tuple[str, ...] = ()  # options of the current scenario (the executor's)
         self.lock = threading.RLock()
         self._closing = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
 
+    @property
+    def url(self) -> str:
+        return self.config.url
+
     def command(self) -> list[str]:
-        s = self.settings
+        s, c = self.settings, self.config
         return [
-            *(sys.executable, "-m", "pgqueue", "--database-url", self.url, "worker"),
+            *(sys.executable, "-m", "pgqueue", "--database-url", c.url, "worker"),
             *("bench.chaos_handlers:tasks", "--queue", QUEUE),
             *("--concurrency", str(s.concurrency), "--lease-seconds", str(s.lease)),
             *("--sweep-interval", "0.5", "--poll-interval", "0.5", "--grace-period", "5"),
-            *("--log-format", "json", "--log-level", "WARNING"),
-            *self.extra,
+            *("--log-format", "json", "--log-level", c.log_level),
+            *c.extra,
         ]
 
     def _spawn(self, slot: int) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO), CHAOS_DATABASE_URL=self.url)
+        # libpq's default application_name: the worker's sessions say whose they are (the
+        # handlers' side pool names its own).
+        env["PGAPPNAME"] = f"chaos-worker-{slot}"
+        env.update(self.config.env)
         with (self.log_dir / f"worker-{slot}.log").open("ab") as out:
             self.procs[slot] = subprocess.Popen(
                 self.command(),
@@ -314,13 +385,13 @@ class Fleet:
                     raise SystemExit(f"workers not ready after {timeout} s: see their logs")
                 time.sleep(0.1)
 
-    def reconfigure(self, extra: tuple[str, ...]) -> None:
-        """Restart every worker with these options (gracefully: SIGTERM, then wait), unless
-        they already run with them. Not a fault: these exits are not deaths."""
-        if extra == self.extra:
+    def reconfigure(self, config: FleetConfig) -> None:
+        """Restart every worker with this configuration (gracefully: SIGTERM, then wait),
+        unless they already run with it. Not a fault: these exits are not deaths."""
+        if config == self.config:
             return
         with self.lock:  # the reaper waits: it must not restart the old command meanwhile
-            self.extra = extra
+            self.config = config
             for proc in self.procs.values():
                 proc.send_signal(signal.SIGTERM)
             for slot, proc in list(self.procs.items()):
@@ -725,12 +796,13 @@ def plan(scenario: str, n: int, settings: Settings, rng: random.Random) -> list[
 class Producer(threading.Thread):
     """Submits the planned tasks at ``rate`` per second, each retried (same idempotency key)
     until it is known to be stored: a commit cut off by a restart is either there or not, and
-    the retry finds out which."""
+    the retry finds out which. ``acked_at``: when each submit's commit was acknowledged."""
 
     def __init__(self, url: str, tasks: list[Planned], rate: float) -> None:
         super().__init__(daemon=True)
         self.url, self.tasks, self.rate = url, tasks, rate
         self.accepted: dict[str, uuid.UUID] = {}
+        self.acked_at: dict[str, float] = {}
         self.retries = 0
         self.failed: list[str] = []
 
@@ -757,6 +829,7 @@ class Producer(threading.Thread):
                         idempotency_key=task.key,
                         retry=task.policy,
                     )
+                    self.acked_at[task.key] = time.time()
                     self.accepted[task.key] = result.task.id
                     break
                 except (psycopg.Error, pgqueue.DatabaseUnavailable):
@@ -1036,6 +1109,251 @@ def inject(
     for timer in resumes:
         timer.join()
     return faults
+
+
+# --- the failover scenarios -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def replicated(settings: Settings, synchronous: bool) -> Iterator[Pair]:
+    """A failover scenario's servers: a primary of its own (the run's server never fails
+    over: the other scenarios run on it), migrated and with the side tables, and its standby,
+    streaming (synchronously or not) once they are there."""
+    with private_server(settings.pg_version) as primary:
+        migrate.upgrade(primary.url())
+        with connect(primary.url()) as conn:
+            conn.execute(SIDE_TABLES)
+        with standby(primary, synchronous=synchronous) as pair:
+            yield pair
+
+
+@dataclasses.dataclass
+class FailoverRun:
+    """What inject_failover did, for the checks once the workers' logs are in."""
+
+    failover: Failover
+    workers: dict[str, int]  # the workers running at the crash: log name -> pid
+    probes: list[str]  # the long tasks submitted once the standby was promoted (their ids)
+
+
+def inject_failover(
+    scenario: str,
+    settings: Settings,
+    pair: Pair,
+    fleet: Fleet,
+    producer: Producer,
+    window: float,
+    rng: random.Random,
+) -> tuple[list[Fault], FailoverRun]:
+    """At a seeded moment inside the producer's window: the standby's link held
+    ``failover_lag`` seconds, the primary crashed, the standby promoted ``down`` seconds
+    later (replication.py). Then FAILOVER_PROBES long tasks per worker, submitted by the
+    driver (accepted like the producer's), to see the heartbeats carry on."""
+    time.sleep(rng.uniform(0.2, 0.8) * window)
+    with fleet.lock:
+        workers = {f"worker-{slot}": proc.pid for slot, proc in fleet.procs.items()}
+    failover = pair.fail_over(settings.failover_lag, settings.down)
+    lacked = "?" if failover.lacked_bytes is None else f"{failover.lacked_bytes / 1024:.1f} kB"
+    mode = "synchronous" if failover.synchronous else "asynchronous"
+    fault = Fault(
+        "failover",
+        failover.crashed_at,
+        f"{mode}; the standby's link held {failover.lag_s:g} s, the standby {lacked} behind;"
+        f" primary stopped -m immediate, standby promoted {failover.down_s:.2f} s later",
+    )
+    probes: list[str] = []
+    ms = round(settings.lease * 1.5 * 1000)
+    for i in range(FAILOVER_PROBES * settings.workers):
+        key = f"chaos:{scenario}:probe:{i}"
+        payload = {"ms": ms, "mode": "sep", "scenario": scenario, "probe": True}
+
+        def submit(conn: psycopg.Connection[Any], key: str = key, payload: Any = payload) -> Any:
+            return pgqueue.enqueue(
+                conn, "chaos.work", payload, queue=QUEUE, idempotency_key=key, retry=SURVIVE
+            )
+
+        task_id = retrying(producer.url, submit).task.id
+        producer.acked_at[key] = time.time()
+        producer.accepted[key] = task_id
+        probes.append(str(task_id))
+    return [fault], FailoverRun(failover, workers, probes)
+
+
+def check_failover(
+    synchronous: bool,
+    requested_at: float,
+    promoted_at: float,
+    acked: Mapping[str, float],
+    missing: Iterable[str],
+    executions: Iterable[tuple[str, float, int]],
+    completions: Iterable[tuple[str, float, str]],
+    workers: Collection[str],
+    sessions: Mapping[str, tuple[bool, float | None]],
+    probes: Iterable[str],
+    poison: Collection[str] = (),
+) -> dict[str, Any]:
+    """A failover scenario's accounting. ``requested_at``: when the standby's promotion was
+    requested; ``promoted_at``: when it accepted writes; ``acked``: task id -> when its
+    enqueue was acknowledged; ``missing``: accepted tasks the promoted standby does not have;
+    ``executions``: (task id, start, pid) of every execution, from the journal outside the
+    database; ``completions``: (task id, when, worker log) of every ``task.completed`` line,
+    logged once the completion's commit returned; ``workers``: the workers running at the
+    crash (their log names, ``worker-N``, which are their sessions' application_name too,
+    ``chaos-worker-N``); ``sessions``: worker name -> (whether it LISTENs on the promoted
+    standby, seconds since its latest statement there) at the scenario's end; ``probes``: the
+    long tasks submitted after the promotion; ``poison``: the poison tasks (they run several
+    times by design).
+
+    An acknowledgement before ``requested_at`` came from the old primary (the standby refuses
+    writes until promoted, and the old primary was down before the request), one after it
+    from the promoted standby (an answer of the old primary read that late would have waited
+    the whole ``--failover-down``). Lost:
+    ``lost_acked_before`` (allowed by asynchronous replication only), ``lost_acked_after``
+    (never allowed). Run again: ``completed_rerun_before``, a task whose completion was
+    acknowledged before the promotion and which started again after that (asynchronous
+    only), ``completed_rerun_after`` (never); ``running_rerun``, a task that ran more than
+    once with an execution begun before the promotion and no completion acknowledged before
+    another began (at-least-once allows it in both modes: a claim's commit does not wait for
+    the standby). ``stalled_workers``: a worker of the crash that does not LISTEN on the
+    promoted standby at the end, or ran no statement there in the last STALLED_AFTER seconds
+    (an idle worker polls every 0.5 s); ``worker_back_s``: each one's seconds from the
+    promotion to its first completion after it (a worker that got no task after it has none).
+    ``probes_rerun``: long tasks that did not run exactly once (they land where the claims put
+    them: they show the heartbeat of the workers that ran them carried on). ``violations``
+    names what fails the scenario in its mode."""
+    runs: dict[str, list[float]] = {}
+    for task_id, at, _pid in executions:
+        runs.setdefault(task_id, []).append(at)
+    first_ack: dict[str, float] = {}
+    back: dict[str, float] = {}
+    for task_id, at, worker in completions:
+        first_ack[task_id] = min(at, first_ack.get(task_id, at))
+        if at >= promoted_at:
+            back[worker] = min(at - promoted_at, back.get(worker, at - promoted_at))
+    lost = sorted(missing)
+    lost_before = [t for t in lost if acked.get(t, requested_at) < requested_at]
+    lost_after = [t for t in lost if t not in set(lost_before)]
+    rerun_before: list[str] = []
+    rerun_after: list[str] = []
+    running_rerun: list[str] = []
+    for task_id, starts in runs.items():
+        ack = first_ack.get(task_id)
+        if ack is not None and any(at > ack for at in starts):
+            (rerun_before if ack < requested_at else rerun_after).append(task_id)
+        elif len(starts) > 1 and min(starts) < requested_at and task_id not in poison:
+            running_rerun.append(task_id)
+    stalled = []
+    for name in sorted(workers):
+        listens, idle = sessions.get(name, (False, None))
+        if not listens or idle is None or idle > STALLED_AFTER:
+            stalled.append(name)
+    probes_rerun = [t for t in probes if len(runs.get(t, ())) != 1]
+    violations = {
+        "acknowledged enqueues lost with synchronous replication": (
+            len(lost_before) if synchronous else 0
+        ),
+        "enqueues acknowledged after the promotion lost": len(lost_after),
+        "completions acknowledged with synchronous replication run again": (
+            len(rerun_before) if synchronous else 0
+        ),
+        "completions acknowledged after the promotion run again": len(rerun_after),
+        "workers that did not carry on after the failover (not listening on the promoted"
+        " standby, or silent there)": len(stalled),
+        "long tasks submitted after the promotion that did not run exactly once (a heartbeat"
+        " that did not carry on)": len(probes_rerun),
+    }
+    return {
+        "lost_acked_before": lost_before,
+        "lost_acked_before_had_run": [t for t in lost_before if t in runs],
+        "lost_acked_after": lost_after,
+        "completed_rerun_before": sorted(rerun_before),
+        "completed_rerun_after": sorted(rerun_after),
+        "running_rerun": sorted(running_rerun),
+        "stalled_workers": stalled,
+        "worker_back_s": {k: round(v, 3) for k, v in sorted(back.items())},
+        "probes_rerun": probes_rerun,
+        "violations": {k: v for k, v in violations.items() if v},
+    }
+
+
+def read_journal(path: Path) -> list[tuple[str, float, int]]:
+    """The failover journal's executions: (task id, start, pid)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            x = json.loads(line)
+            out.append((str(x["task_id"]), float(x["at"]), int(x["pid"])))
+    return out
+
+
+def finish_failover(row: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    """A failover scenario's checks, once the workers' logs are in (``row["_failover"]``)."""
+    data = row.pop("_failover", None)
+    if not data:
+        return
+    run: FailoverRun = data["run"]
+    ids = data["ids"]
+    completions = [
+        (str(e["task_id"]), float(e["at"]), str(e.get("slot")))
+        for e in events
+        if e.get("event") == "task.completed" and str(e.get("task_id")) in ids
+    ]
+    checked = check_failover(
+        run.failover.synchronous,
+        run.failover.promote_requested_at,
+        run.failover.promoted_at,
+        data["acked"],
+        row.pop("_missing"),
+        [x for x in data["executions"] if x[0] in ids],
+        completions,
+        run.workers,
+        data["sessions"],
+        run.probes,
+        row.pop("_poison_ids"),
+    )
+    if not run.failover.synchronous:  # what asynchronous replication allows: its own column
+        row["lost"] -= len(checked["lost_acked_before"])
+    # A claim commits without waiting for any flush (pgqueue/sql/claiming.sql), so the
+    # promoted standby may not have one: the task is claimed again under the same attempt
+    # number, and the execution of the lost claim, whose side connection reached the promoted
+    # standby, leaves a row there too. More executions than claims is then what at-least-once
+    # allows, for a task that was running at the failover; two on one lease never is.
+    lost_claims = [
+        t
+        for t, kind in row.pop("_double_leases")
+        if kind == "more than claims" and t in checked["running_rerun"]
+    ]
+    row["double_leases"] -= len(lost_claims)
+    checked["lost_claims"] = lost_claims
+    row["failover"] = {
+        "mode": "sync" if run.failover.synchronous else "async",
+        **{k: v for k, v in dataclasses.asdict(run.failover).items() if k != "synchronous"},
+        "down_s": round(run.failover.down_s, 3),
+        "sessions": data["sessions"],
+        **checked,
+    }
+
+
+def worker_sessions(url: str) -> dict[str, tuple[bool, float | None]]:
+    """Each worker's sessions on the server at ``url`` (the promoted standby, after a
+    failover), by their application_name (``chaos-worker-N``, from PGAPPNAME): whether one
+    LISTENs (its LISTEN is the session's last statement), and the seconds since the latest
+    statement any of them began."""
+
+    def fetch(conn: psycopg.Connection[Any]) -> list[Any]:
+        return conn.execute(
+            "SELECT application_name, bool_or(query = 'LISTEN pgqueue'),"
+            " extract(epoch FROM now() - max(query_start))::float8"
+            " FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'chaos-worker-%' GROUP BY 1"
+        ).fetchall()
+
+    return {
+        name.removeprefix("chaos-"): (bool(listens), None if idle is None else float(idle))
+        for name, listens, idle in retrying(url, fetch)
+    }
 
 
 def wait_finished(url: str, prefix: str, ids: list[uuid.UUID], timeout: float) -> bool:
@@ -1407,17 +1725,18 @@ def verify(
         tid: rs for tid, rs in runs_of.items() if len(rs) > 1 and by_id[tid][1] not in POISON_TYPES
     }
     # Executions that were followed by another; why each was is settled from the logs later.
-    # Two on one lease, or more executions than claims, cannot be explained at all.
+    # Two on one lease, or more executions than claims, cannot be explained at all (but by a
+    # failover, whose promoted standby may not have a claim: see finish_failover).
     earlier = [
         {"task_id": str(tid), "attempt": r[2], "pid": r[4], "all": [(x[2], x[4]) for x in rs]}
         for tid, rs in multi.items()
         for r in rs[:-1]
     ]
-    double_leases = sum(
-        1
+    double = [
+        (str(tid), "one lease" if len({r[1] for r in rs}) != len(rs) else "more than claims")
         for tid, rs in multi.items()
         if len({r[1] for r in rs}) != len(rs) or len(rs) > by_id[tid][3]
-    )
+    ]
     tx_done = [r for r in tasks if r[4] == "tx" and r[2] == "completed"]
     effects_bad = sum(1 for r in tx_done if effects.get(r[0], 0) != 1)
     # Pickup: from the task's creation to the start of its first execution (database clock);
@@ -1503,9 +1822,12 @@ def verify(
         "stuck": stuck,
         "ran_more_than_once": len(multi),
         "extra_executions": sum(len(rs) - 1 for rs in multi.values()),
-        "double_leases": double_leases,
+        "double_leases": len(double),
+        "_double_leases": double,
         "_earlier": earlier,
         "_ids": {str(i) for i in ids},
+        "_missing": [str(i) for i in ids if i not in by_id],
+        "_poison_ids": {str(r[0]) for r in tasks if r[1] in POISON_TYPES},
         "tx_completed": len(tx_done),
         "tx_effects_not_once": effects_bad,
         "recovered_s": recovered_s,
@@ -1607,6 +1929,9 @@ def failures(row: dict[str, Any]) -> list[str]:
         "process faults recorded with the wrong cause": len(row.get("wrong_causes", [])),
         "workers that died though the run did not kill them": row.get("workers_died_unkilled", 0),
     }
+    failover = row.get("failover")
+    if failover is not None:
+        checks.update(failover["violations"])
     return [f"{name}: {count}" for name, count in checks.items() if count]
 
 
@@ -1614,8 +1939,8 @@ def failures(row: dict[str, Any]) -> list[str]:
 
 
 def log_events(log_dir: Path) -> list[dict[str, Any]]:
-    """Every JSON line the workers wrote, with ``at`` (epoch seconds) added; other lines (a
-    traceback from a crash) as event ``unparsed``."""
+    """Every JSON line the workers wrote, with ``at`` (epoch seconds) and ``slot`` (the log's
+    name, ``worker-N``) added; other lines (a traceback from a crash) as event ``unparsed``."""
     out: list[dict[str, Any]] = []
     for path in sorted(log_dir.glob("worker-*.log")):
         for line in path.read_text(errors="replace").splitlines():
@@ -1626,6 +1951,7 @@ def log_events(log_dir: Path) -> list[dict[str, Any]]:
                 record["at"] = datetime.fromisoformat(record["ts"]).timestamp()
             except (ValueError, KeyError, TypeError, AttributeError):
                 record = {"at": 0.0, "level": "?", "event": "unparsed", "line": line[:300]}
+            record["slot"] = path.stem
             out.append(record)
     return out
 
@@ -1683,6 +2009,8 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         fleet = Fleet(url, settings, log_dir)
         fleet.start()
         sampler = SnapshotSampler(url)
+        # The failover scenarios' servers (a pair each), closed once no worker uses them.
+        pairs: list[contextlib.ExitStack] = []
         try:
             fleet.wait_ready()
             sampler.start()
@@ -1690,6 +2018,20 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
             for k, scenario in enumerate(settings.scenarios):
                 rng = random.Random(f"{settings.seed}:{scenario}")
                 n = per + (settings.tasks - per * len(settings.scenarios) if k == 0 else 0)
+                # Where the scenario's tasks go: the run's server, or a failover pair (both
+                # servers in one URL, the standby taken once promoted).
+                target, config = url, FleetConfig(url)
+                pair: Pair | None = None
+                if scenario in FAILOVER:
+                    pairs.append(contextlib.ExitStack())
+                    pair = pairs[-1].enter_context(replicated(settings, FAILOVER[scenario]))
+                    target = pair.dsn()
+                    journal = log_dir / f"journal-{scenario}.jsonl"
+                    config = FleetConfig(
+                        pair.url(), env=(("CHAOS_JOURNAL", str(journal)),), log_level="INFO"
+                    )
+                elif scenario == "executor":
+                    config = FleetConfig(url, EXECUTOR_ARGS)
                 producer: Producer | WorkflowProducer
                 rate = settings.rate
                 if scenario == "workflow":
@@ -1700,38 +2042,67 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                     producer = WorkflowProducer(url, scenario, flows, rate)
                     what = f"{planned} tasks in {len(flows)} workflows"
                 else:
+                    if pair is not None:  # a failover must fall among tasks, even in the smoke
+                        n = max(n, FAILOVER_MIN_TASKS)
                     tasks = plan(scenario, n, settings, rng)
                     planned = len(tasks)
                     if scenario in PINNED:  # tasks must keep arriving for the whole pressure
                         rate = min(rate, planned / PINNED_MIN_WINDOW)
                     if scenario == "executor":  # the kills must fall among the faults
                         rate = min(rate, planned / EXECUTOR_MIN_WINDOW)
-                    producer = Producer(url, tasks, rate)
+                    if pair is not None:
+                        rate = min(rate, planned / FAILOVER_MIN_WINDOW)
+                    producer = Producer(target, tasks, rate)
                     what = f"{planned} tasks"
                 window = planned / rate
-                fleet.reconfigure(EXECUTOR_ARGS if scenario == "executor" else ())
+                fleet.reconfigure(config)
+                while len(pairs) > (1 if pair is not None else 0):  # no worker uses them now
+                    pairs.pop(0).close()
                 log(f"{scenario}: {what} over {window:.1f} s")
                 began = time.time()
+                # A failover pair's own sampler: the run's server is not where its tasks are.
+                watch = SnapshotSampler(target) if pair is not None else sampler
+                if watch is not sampler:
+                    watch.start()
                 producer.start()
                 pin = Pin(url, scenario) if scenario in PINNED else None
+                failover: FailoverRun | None = None
                 if pin is not None:
                     faults = [pin.hold(window, sampler)]
+                elif pair is not None:
+                    assert isinstance(producer, Producer)
+                    faults, failover = inject_failover(
+                        scenario, settings, pair, fleet, producer, window, rng
+                    )
                 else:
                     faults = inject(scenario, settings, server, fleet, url, window, rng)
                 producer.join()
                 done = wait_finished(
-                    url, f"chaos:{scenario}:", producer.task_ids(), settings.settle_timeout
+                    target, f"chaos:{scenario}:", producer.task_ids(), settings.settle_timeout
                 )
                 ended = time.time()
-                row = verify(url, scenario, producer, faults, settings)
+                row = verify(target, scenario, producer, faults, settings)
                 if isinstance(producer, WorkflowProducer):
                     kinds = [kind for kind, _, _ in producer.accepted.values()]
                     row["workflows"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+                if failover is not None:
+                    assert isinstance(producer, Producer)
+                    row["_failover"] = {
+                        "run": failover,
+                        "ids": set(row["_ids"]),
+                        "acked": {
+                            str(producer.accepted[key]): at for key, at in producer.acked_at.items()
+                        },
+                        "journal": journal,
+                        "sessions": worker_sessions(target),
+                    }
                 row["finished_in_time"] = done
                 row["_window"] = (began, ended)
                 row["seconds"] = round(time.time() - began, 1)
                 row["rate"] = round(rate, 1)
-                row.update(sampler.during(began, ended))
+                row.update(watch.during(began, ended))
+                if watch is not sampler:
+                    watch.stop()
                 if pin is not None:
                     row["pressure"] = pin.report()
                 rows.append(row)
@@ -1746,11 +2117,22 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                         if row["dependants"]
                         else ""
                     )
+                    + (
+                        f"; promoted {failover.failover.down_s:.2f} s after the crash (lost:"
+                        " before the mode's allowance, settled once the logs are in)"
+                        if failover is not None
+                        else ""
+                    )
                 )
         finally:
             sampler.stop()
             fleet.stop()
+            for stack in pairs:
+                stack.close()
         events = log_events(log_dir)
+        for row in rows:  # the failover journals, before a temporary log_dir goes
+            if "_failover" in row:
+                row["_failover"]["executions"] = read_journal(row["_failover"].pop("journal"))
         deaths = list(fleet.deaths)
         killed = dict(fleet.killed)
     pickups = [x for row in rows for x in row.pop("_pickups")]
@@ -1770,6 +2152,11 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         lo, hi = row.pop("_window")
         own_deaths = sum(1 for at, pid, _ in deaths if lo <= at <= hi and pid not in killed)
         check_executor(row, events, killed, own_deaths, settings.lease)
+        if "_failover" in row:
+            row["workers_died_unkilled"] = own_deaths  # the failover kills no worker
+        finish_failover(row, events)
+        for key in ("_missing", "_poison_ids", "_double_leases"):
+            row.pop(key, None)
         row["violations"] = failures(row)
     counts: dict[str, int] = {}
     for e in events:
@@ -1817,6 +2204,8 @@ TABLE_HEADERS = (
     "dependants: started early / stalled / cancel rule / results",
     "release p50 / p99 / max (s)",
     "process: overlaps / innocent re-runs / wrong cause",
+    "failover: acked enqueues lost / acked completions re-run / running re-run / promoted (s) /"
+    " workers back (s)",
 )
 SUMMED = (
     "fault_count",
@@ -1882,7 +2271,22 @@ def _cells(row: dict[str, Any]) -> list[Any]:
             if "overlaps" in row
             else ""
         ),
+        _failover_cell(row.get("failover")),
     ]
+
+
+def _failover_cell(f: dict[str, Any] | None) -> str:
+    """Lost and re-run as the mode allows, with the mode: ``3 async`` is three acknowledged
+    enqueues lost with asynchronous replication (allowed), ``0 sync`` none with synchronous."""
+    if f is None:
+        return ""
+    lost = len(f["lost_acked_before"]) + len(f["lost_acked_after"])
+    rerun = len(f["completed_rerun_before"]) + len(f["completed_rerun_after"])
+    back = max(f["worker_back_s"].values(), default=None)
+    return (
+        f"{lost} / {rerun} / {len(f['running_rerun'])} ({f['mode']}) / "
+        f"{_seconds(f['down_s'], 2)} / {_seconds(back, 2)}"
+    )
 
 
 def table(result: dict[str, Any]) -> str:
@@ -1900,6 +2304,7 @@ def table(result: dict[str, Any]) -> str:
     if any("overlaps" in row for row in rows):
         for key in ("overlaps", "innocent_reruns", "wrong_causes"):
             total[key] = [x for row in rows for x in row.get(key, [])]
+    # The failover column is per mode: the total leaves it empty.
     lines.append("| **all** | " + " | ".join(str(c) for c in _cells(total)) + " |")
     return "\n".join(lines)
 
@@ -1912,6 +2317,11 @@ def command_line(settings: Settings) -> str:
         extra += f" --scenarios {','.join(settings.scenarios)}"
     if settings.repeats != (1 if settings.smoke else 3):
         extra += f" --repeats {settings.repeats}"
+    if any(s in FAILOVER for s in settings.scenarios):
+        if settings.failover_lag != 0.5:
+            extra += f" --failover-lag {settings.failover_lag:g}"
+        if settings.failover_down is not None:
+            extra += f" --failover-down {settings.failover_down:g}"
     if settings.smoke:
         return f"python -m bench.chaos --smoke --seed {settings.seed}{extra}"
     return (
@@ -1973,6 +2383,18 @@ def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
     ap.add_argument("--settle-timeout", type=float, default=120.0)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--pg-version", type=int, default=18, choices=(16, 18))
+    ap.add_argument(
+        "--failover-lag",
+        type=float,
+        default=0.5,
+        help="seconds the standby receives nothing before a failover (default 0.5;"
+        " 0: the standby as far behind as it happens to be)",
+    )
+    ap.add_argument(
+        "--failover-down",
+        type=float,
+        help="seconds from the primary's crash to the standby's promotion (default a lease)",
+    )
     ap.add_argument("--json", type=Path, help="write the whole result as JSON here")
     ap.add_argument("--log-dir", type=Path, help="keep the workers' logs here")
     ap.add_argument(
@@ -1995,6 +2417,8 @@ def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
         scenarios=scenarios,
         pg_version=args.pg_version,
         smoke=args.smoke,
+        failover_lag=args.failover_lag,
+        failover_down=args.failover_down,
     )
     if settings.tasks < 10 * len(scenarios):
         ap.error(f"give at least {10 * len(scenarios)} tasks for {len(scenarios)} scenarios")

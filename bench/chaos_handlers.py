@@ -29,6 +29,11 @@ execution, so the run can count what was lost, what ran twice and why.
   (SIGALRM blocked, then a libc ``sleep`` past the hard limit), ``memory`` (300 MB touched,
   held until the worker's ``--memory-limit`` kills the child) and ``busy`` (a Python loop past
   the soft limit).
+* In the failover scenarios the workers also get ``CHAOS_JOURNAL``, a file outside the
+  database: every execution first appends a line to it (task id, lease token, attempt, pid,
+  the time). A failover with asynchronous replication loses the newest commits, the rows of
+  ``chaos.executions`` among them, so an execution that ran and was then forgotten by the
+  promoted standby is still counted there.
 * The fault types do what production does to a queue: ``chaos.hang`` blocks its worker's event
   loop past the lease on its first attempt (a blocking call in an async handler: the heartbeat
   stops too), ``chaos.suicide`` kills its own process on its first attempt, and the poison
@@ -36,23 +41,27 @@ execution, so the run can count what was lost, what ran twice and why.
   every time); only those two may end dead-lettered. In a workflow, a ``chaos.poison`` step
   is the parent whose dependants must be cancelled (or, run-anyway ones, run).
 
-The side connection is a small pool per worker process from ``CHAOS_DATABASE_URL``, which
-checks connections before lending them: the run terminates backends and restarts the server.
+The side connections come from a small pool per worker process (``SidePool``) from
+``CHAOS_DATABASE_URL``, which checks a connection before lending it (the run terminates
+backends, restarts the server and fails it over) and replaces a lost one at once: not
+psycopg_pool's, whose reconnection backs off (1 s, doubling), so that the run's recovery times
+are pgqueue's, not the harness's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 import pgqueue
 
@@ -64,9 +73,10 @@ SURVIVE = pgqueue.RetryPolicy(max_attempts=25, base=0.2, factor=2.0, cap=2.0)
 # Poison tasks: few attempts, fast, so they reach the dead-letter queue within the scenario.
 POISON = pgqueue.RetryPolicy(max_attempts=3, base=0.1, factor=2.0, cap=0.5)
 
-_pool: AsyncConnectionPool | None = None
+SIDE_IDLE = 8  # idle side connections a worker process keeps
 _conn: psycopg.Connection[Any] | None = None  # a process task's side connection (sync)
 _conn_pid = 0
+_journal_fd: int | None = None  # CHAOS_JOURNAL, opened for appending on the first execution
 # The worker's pid: this module is imported by the worker, and its process executor's children
 # are forked (through its fork server) from it, so they inherit the worker's value.
 WORKER_PID = os.getpid()
@@ -121,19 +131,84 @@ def _live(rows: list[tuple[int, int, int | None]]) -> list[str]:
     return [f"attempt {a} pid {p}" for a, p, started in rows if still_running(p, started)]
 
 
-async def _side_pool() -> AsyncConnectionPool:
+def _journal(ctx: pgqueue.TaskContext, pid: int) -> None:
+    """One line in ``CHAOS_JOURNAL`` (if set) for this execution: appended with O_APPEND in
+    one write, so lines from several processes never interleave."""
+    global _journal_fd
+    path = os.environ.get("CHAOS_JOURNAL")
+    if not path:
+        return
+    if _journal_fd is None:
+        _journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = {
+        "task_id": str(ctx.task_id),
+        "lease": str(ctx.lease.token),
+        "attempt": ctx.attempt,
+        "pid": pid,
+        "worker_pid": WORKER_PID,
+        "at": time.time(),
+    }
+    os.write(_journal_fd, (json.dumps(line) + "\n").encode())
+
+
+class SidePool:
+    """The handlers' side connections of one process and event loop. ``connection`` lends an
+    idle one once it answers (an empty statement, psycopg_pool's own check), else opens one,
+    one attempt at a time and 0.2 s apart, until ``timeout``; a connection that broke in use
+    is not kept. psycopg_pool's pool, used before, backs off from 1 s, doubling, after a
+    failed attempt: after a failover its first connection came up to 10 s after the promoted
+    standby accepted them (a handler's 10.8 s wait, seen), which the run counted as pgqueue's
+    recovery time."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pid = os.getpid()
+        self.loop = asyncio.get_running_loop()
+        self.idle: list[psycopg.AsyncConnection[Any]] = []
+        self.opening = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with asyncio.timeout(timeout):
+            conn = await self._get()
+        try:
+            yield conn
+        finally:
+            if conn.closed or conn.broken or len(self.idle) >= SIDE_IDLE:
+                await conn.close()
+            else:
+                self.idle.append(conn)
+
+    async def _get(self) -> psycopg.AsyncConnection[Any]:
+        while True:
+            while self.idle:
+                conn = self.idle.pop()
+                try:
+                    await conn.execute("")
+                    return conn
+                except psycopg.Error:
+                    await conn.close()
+            async with self.opening:
+                try:
+                    return await psycopg.AsyncConnection.connect(
+                        self.url,
+                        autocommit=True,
+                        connect_timeout=5,
+                        application_name="chaos-handler",
+                    )
+                except psycopg.OperationalError:
+                    await asyncio.sleep(0.2)
+
+
+_pool: SidePool | None = None
+
+
+async def _side_pool() -> SidePool:
+    """This process's and event loop's pool (a child of the process executor makes its own:
+    what it inherited belongs to its worker)."""
     global _pool
-    if _pool is None:
-        pool = AsyncConnectionPool(
-            os.environ["CHAOS_DATABASE_URL"],
-            min_size=1,
-            max_size=8,
-            kwargs={"autocommit": True, "application_name": "chaos-handler"},
-            check=AsyncConnectionPool.check_connection,
-            open=False,
-        )
-        await pool.open()
-        _pool = pool
+    if _pool is None or _pool.pid != os.getpid() or _pool.loop is not asyncio.get_running_loop():
+        _pool = SidePool(os.environ["CHAOS_DATABASE_URL"])
     return _pool
 
 
@@ -144,6 +219,7 @@ async def _record_start(
     ``spans``: also look for other executions of the task still running (the executor
     scenario's; its end is then recorded by ``_record_end``)."""
     pid, started = _me()
+    _journal(ctx, pid)
     pool = await _side_pool()
     async with pool.connection(timeout=10) as conn:
         await conn.execute(
@@ -189,6 +265,7 @@ def _side() -> psycopg.Connection[Any]:
 def _sync_start(ctx: pgqueue.TaskContext) -> None:
     """``_record_start(spans=True)`` for a sync handler in a child."""
     pid, started = _me()
+    _journal(ctx, pid)
     conn = _side()
     conn.execute(
         INSERT_EXECUTION,

@@ -141,6 +141,13 @@ class PrivateServer:
             **kwargs,
         )
 
+    def run_tool(
+        self, name: str, *args: str, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """One of the server's binaries (``pg_basebackup``, ``pg_ctl``, ...) run as the
+        server's user, in its directory; check the return code yourself."""
+        return self._run([str(self.bin / name), *args], timeout)
+
     def init(self, settings: Mapping[str, str] = SERVER_SETTINGS) -> None:
         """initdb, then ``settings`` (with this server's port and socket directory) appended
         to postgresql.conf."""
@@ -222,19 +229,24 @@ class PrivateServer:
                 os.kill(pid, signal.SIGKILL)
             time.sleep(1)
 
-    def restart(self, mode: str) -> float:
+    def shutdown(self, mode: str) -> None:
         """Stop the server with ``mode`` (``fast``: roll back and disconnect every session;
-        ``immediate``: kill every process at once, so the next start runs crash recovery) and
-        start it again on the same port. Returns the seconds it was down."""
+        ``immediate``: kill every process at once, a crash: the next start runs crash
+        recovery), and wait until it is down."""
         if mode not in ("fast", "immediate"):
             raise ValueError(f"shutdown mode must be fast or immediate, not {mode!r}")
-        began = time.monotonic()
         result = self._run(
             [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"],
             timeout=90,
         )
         if result.returncode != 0:
             raise RuntimeError(f"pg_ctl stop -m {mode} failed: {result.stderr.strip()}")
+
+    def restart(self, mode: str) -> float:
+        """:meth:`shutdown` with ``mode``, then start again on the same port. Returns the
+        seconds it was down."""
+        began = time.monotonic()
+        self.shutdown(mode)
         self.start()
         return time.monotonic() - began
 

@@ -89,8 +89,11 @@ def validate_database_url(url: str) -> str:
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep:
+        if "=" in url:  # libpq's keyword form: host=db1,db2 port=5432,5432 dbname=app
+            return _checked_by_libpq(url, url)
         raise InvalidDatabaseURL(
-            f"database URL {redact(url)!r} has no scheme; expected postgresql://user@host:port/db"
+            f"database URL {redact(url)!r} has no scheme; expected postgresql://user@host:port/db "
+            "(or libpq's keywords: host=... dbname=...)"
         )
     if scheme not in _SCHEMES:
         raise InvalidDatabaseURL(
@@ -98,21 +101,30 @@ def validate_database_url(url: str) -> str:
             + ", ".join(f"{s}://" for s in _SCHEMES)
         )
     normalised = f"postgresql://{rest}"
-    try:
-        port = urlsplit(normalised).port  # raises on a non-numeric or out-of-range port
-    except ValueError as exc:
-        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {exc}") from None
-    if port == 0:
-        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: port 0 is not valid")
+    # A primary and its standbys: several host[:port], comma-separated, as libpq reads them
+    # (postgresql://u@db1:5432,db2:5433/app?target_session_attrs=read-write); each port checked.
+    hosts = rest.partition("/")[0].partition("?")[0].rpartition("@")[2]
+    for host in hosts.split(","):
+        try:
+            port = urlsplit(f"postgresql://{host}").port  # raises on a bad port
+        except ValueError as exc:
+            raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {exc}") from None
+        if port == 0:
+            raise InvalidDatabaseURL(f"database URL {redact(url)!r}: port 0 is not valid")
+    return _checked_by_libpq(normalised, url)
+
+
+def _checked_by_libpq(conninfo: str, given: str) -> str:
+    """``conninfo`` if libpq's parser takes it, else InvalidDatabaseURL with its reason."""
     import psycopg  # here, not above: `pgqueue --help` reads this module and needs no driver
 
     try:
-        psycopg.conninfo.conninfo_to_dict(normalised)
+        psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not understood"
-        reason = _without_userinfo_tokens(reason, url)
-        raise InvalidDatabaseURL(f"database URL {redact(url)!r}: {reason}") from None
-    return normalised
+        reason = _without_userinfo_tokens(reason, given)
+        raise InvalidDatabaseURL(f"database URL {redact(given)!r}: {reason}") from None
+    return conninfo
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -44,6 +44,11 @@ class PgBouncer:
     port: int
     server_url: str
     directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def exit_code(self) -> int | None:
+        """None while it runs; else how it ended (a negative number: the signal)."""
+        return None if self.process is None else self.process.poll()
 
     def pooled_url(self, database_url: str) -> str:
         """``database_url`` (a database of the server behind) through this pooler."""
@@ -74,9 +79,18 @@ def _run_as() -> str | None:
 
 @contextlib.contextmanager
 def pgbouncer(
-    server_url: str, *, pool_size: int = 20, settings: dict[str, str] | None = None
+    server_url: str,
+    *,
+    pool_size: int = 20,
+    settings: dict[str, str] | None = None,
+    server_user: str | None = None,
 ) -> Iterator[PgBouncer]:
-    """A PgBouncer in transaction mode in front of ``server_url``'s server, until the block ends."""
+    """A PgBouncer in transaction mode in front of ``server_url``'s server, until the block ends.
+
+    Clients log in to it as ``server_url``'s user; its server connections log in as
+    ``server_user`` (by default that same user). A role of its own for them makes what came
+    through the pooler tell itself apart on the server (``pg_stat_activity.usename``, the
+    log's ``%u``); the server must trust it, as it trusts the client's user."""
     binary = pgbouncer_binary()
     if binary is None:
         raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
@@ -104,7 +118,7 @@ def pgbouncer(
         **(settings or {}),
     }
     (directory / "userlist.txt").write_text(f'"{user}" ""\n')
-    ini = ["[databases]", f"* = {upstream} user={user}", "", "[pgbouncer]"]
+    ini = ["[databases]", f"* = {upstream} user={server_user or user}", "", "[pgbouncer]"]
     ini += [f"{key} = {value}" for key, value in config.items()]
     (directory / "pgbouncer.ini").write_text("\n".join(ini) + "\n")
     command = [binary, str(directory / "pgbouncer.ini")]
@@ -120,7 +134,7 @@ def pgbouncer(
     # which hung every connection through it a few tests into a session.
     with (directory / "output.log").open("wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-    bouncer = PgBouncer("127.0.0.1", port, server_url, directory)
+    bouncer = PgBouncer("127.0.0.1", port, server_url, directory, process)
     try:
         _wait_ready(bouncer, process)
         yield bouncer

@@ -54,9 +54,16 @@ def wait_until(
     return value
 
 
+# Kept by clean_env: the pooler pass (tests/conftest.py) sets them for every process it starts.
+PASS_ENV: tuple[str, ...] = ()
+if os.environ.get("PGQUEUE_TEST_THROUGH_POOLER"):
+    PASS_ENV = ("PGQUEUE_POOLER", "PGQUEUE_LISTEN_URL")
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without its ``PGQUEUE_*`` variables, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_")}
+    """This process's environment without its ``PGQUEUE_*`` variables (but the pooler pass's
+    ``PASS_ENV``), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_") or k in PASS_ENV}
     env.update(extra)
     return env
 

@@ -154,12 +154,15 @@ def authed(database_url: str, start_server: Callable[[ApiSettings], Live]) -> Li
 
 
 @pytest.fixture(scope="module")
-def shared_database_url(server_url: str, template_db: str) -> Iterator[str]:
-    """A migrated database for this module (a copy of conftest's template)."""
+def shared_database_url(
+    server_url: str, template_db: str, under_test_url: Callable[[str], str]
+) -> Iterator[str]:
+    """A migrated database for this module (a copy of conftest's template), as
+    ``database_url`` is reached."""
     name = f"pgqueue_api_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield urlunsplit(urlsplit(server_url)._replace(path="/" + name))
+    yield under_test_url(urlunsplit(urlsplit(server_url)._replace(path="/" + name)))
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -178,7 +181,9 @@ def shared_servers(shared_database_url: str) -> Iterator[dict[str, Live]]:
 
 @pytest.fixture(scope="module")
 def shared_conn(shared_database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(shared_database_url, autocommit=True) as connection:
+    with psycopg.connect(
+        shared_database_url, autocommit=True, prepare_threshold=None
+    ) as connection:
         yield connection
 
 

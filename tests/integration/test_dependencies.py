@@ -259,7 +259,7 @@ def test_a_fan_in_of_130_parents_waits_for_every_bucket_and_releases_the_child_o
     members = [pgqueue.prepare("member", {"n": n}) for n in range(130)]
     callback = pgqueue.prepare("callback", {}, queue="callbacks", depends_on=members)
     pgqueue.enqueue_many(conn, [*members, callback])
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue")
     leases = {}
     while batch := claim(conn):

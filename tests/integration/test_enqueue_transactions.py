@@ -50,7 +50,7 @@ def orders(conn):
 @pytest.fixture
 def listener(connect):
     """An autocommit connection listening on the channel pgqueue notifies."""
-    listening = connect(autocommit=True)
+    listening = connect(autocommit=True, direct=True)
     listening.execute('LISTEN "pgqueue"')
     return listening
 

@@ -219,6 +219,7 @@ def start_second_enqueue(connection):
     return thread, outcome
 
 
+@pytest.mark.no_pooler("finds who blocks whom by backend pid; through a pooler a client sees none")
 def test_second_enqueue_waits_for_the_open_holder_then_returns_its_task(connect, conn):
     holder = connect(autocommit=False)
     waiter = connect(autocommit=True)
@@ -241,6 +242,7 @@ def test_second_enqueue_waits_for_the_open_holder_then_returns_its_task(connect,
     assert count_tasks(conn) == 1
 
 
+@pytest.mark.no_pooler("finds who blocks whom by backend pid; through a pooler a client sees none")
 def test_second_enqueue_creates_its_own_task_when_the_holder_rolls_back(connect, conn):
     holder = connect(autocommit=False)
     waiter = connect(autocommit=True)

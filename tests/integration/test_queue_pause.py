@@ -67,7 +67,7 @@ def test_pausing_twice_keeps_the_first_pause_time_and_resuming_clears_it(conn):
 
 
 def test_resume_wakes_listening_workers_only_when_it_commits(conn, connect):
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue")
     pgqueue.pause_queue(conn, "emails")
     tx = connect(autocommit=False)

@@ -287,7 +287,7 @@ def test_a_missed_notification_is_covered_by_the_poll(
 def test_finishing_a_task_nobody_waits_on_sends_no_notification(
     conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue_done")
     ids = [r.id for r in pgqueue.enqueue_many(conn, [{"type": "t"} for _ in range(3)])]
     claimed = pgqueue.claim(conn, ["default"], limit=3, worker_id="test")
@@ -355,7 +355,7 @@ def _finish(conn: psycopg.Connection[Any], path: str, task_id: uuid.UUID) -> Tas
 def test_every_path_that_finishes_a_task_notifies_its_waiters(
     conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]], path: str
 ) -> None:
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue_done")
     task_id = pgqueue.enqueue(conn, "resize", {}, max_attempts=1).id
     conn.execute(
@@ -370,7 +370,7 @@ def test_every_path_that_finishes_a_task_notifies_its_waiters(
 def test_a_failure_that_will_be_retried_notifies_nobody(
     conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue_done")
     task_id = pgqueue.enqueue(conn, "resize", {}, max_attempts=2).id
     conn.execute(
@@ -413,7 +413,7 @@ def test_a_finish_that_waited_for_a_registration_notifies_it(
     sees the registration and notifies."""
     task_id = pgqueue.enqueue(conn, "resize", {}).id
     claimed = claim_one(conn, task_id)
-    waiter = connect(autocommit=False)
+    waiter = connect(autocommit=False, direct=True)
     waiter.execute("LISTEN pgqueue_done")
     waiter.commit()
     sql = driver.statements()["task_waiter_add"]

@@ -142,7 +142,7 @@ def test_cancel_workflow_notifies_the_worker_holding_a_running_task(
 ) -> None:
     wf = build(conn, members=1)
     (running,) = claim(conn)
-    listener = connect()
+    listener = connect(direct=True)
     listener.execute("LISTEN pgqueue_cancel")
     pgqueue.cancel_workflow(conn, wf["id"])
     notes = list(listener.notifies(timeout=LONG, stop_after=1))

@@ -13,6 +13,7 @@ import pgqueue
 import pgqueue.models
 from pgqueue.config import redact, validate_database_url
 from pgqueue.enqueue import encode_payload, new_task_id
+from pgqueue.errors import InvalidDatabaseURL
 
 
 def test_task_ids_are_uuid7_and_strictly_increase_within_a_process():
@@ -209,3 +210,20 @@ def test_the_embedded_server_says_when_running_as_root_creates_a_system_user():
     assert creating is not None and "creating system user 'pgserver'" in creating
     existing = system_user_note(0, user_exists=True)
     assert existing is not None and "creating" not in existing and "'pgserver'" in existing
+
+
+def test_urls_naming_a_primary_and_its_standbys_are_accepted_as_libpq_reads_them():
+    """Every spelling of several hosts that libpq takes (a failover setup) is taken as it is."""
+    for url in (
+        "postgresql://u@db1:5432,db2:5433/app?target_session_attrs=read-write",
+        "postgresql://u@db1,db2/app?port=5432,5433&target_session_attrs=read-write",
+        "host=db1,db2 port=5432,5433 dbname=app target_session_attrs=read-write",
+    ):
+        assert validate_database_url(url) == url
+
+
+def test_a_bad_port_among_several_hosts_is_named():
+    with pytest.raises(InvalidDatabaseURL, match="db2:x"):
+        validate_database_url("postgresql://u@db1:5432,db2:x/app")
+    with pytest.raises(InvalidDatabaseURL):
+        validate_database_url("host=db1 port=5432 = broken")
