@@ -6,11 +6,15 @@ test can drive it one step at a time:
 
 - the **claimer** (claimer.py) claims as many ready tasks as it has free slots, in one
   statement; it wakes on a NOTIFY from an enqueue, on a freed slot, or on a jittered poll
-  (the fallback);
+  (the fallback); with no NOTIFY to hear (behind a transaction pooler without a LISTEN URL,
+  or with NOTIFY off), its polls adapt to the traffic instead (claimer.PollSchedule);
 - the **runner** (runner.py) starts each claimed task on the executor and records its
   outcome: completions go to the completer, failures and cancellations are written at once;
 - the **listener** (listener.py) holds a LISTEN connection and re-establishes it after any
   disconnect (then wakes the claimer, since notifications sent meanwhile are gone);
+  it LISTENs on the database URL, or on ``listen_url`` behind a transaction pooler, and is
+  not there at all behind one without it: then the **cancel poll** (cancels.py) reads the
+  running tasks' cancel flags twice a second;
 - the **completer** (completer.py) writes completions in batches (one statement for all
   that finished meanwhile), each fenced by its lease token;
 - the **heartbeat** (heartbeat.py) renews every lease the worker holds, learns of

@@ -400,8 +400,9 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         family = CounterMetricFamily(
             "pgqueue_worker_database_errors",
             "Database errors the worker's services met and retried, by service (claimer, "
-            "completer, heartbeat, listener, maintenance, scheduler, runner, release) and kind "
-            "(connection, conflict, statement, client: see pgqueue/worker/database_errors.py)",
+            "completer, heartbeat, listener, maintenance, scheduler, runner, release, "
+            "cancel_poll) and kind (connection, conflict, statement, client: see "
+            "pgqueue/worker/database_errors.py)",
             labels=["service", "kind"],
         )
         for (service, kind), n in sorted(self.database_errors.copy().items()):
