@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -36,6 +36,10 @@ def pgbouncer_binary() -> str | None:
     return shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
     )
+
+
+# Where a URL's query string can put the server's own address.
+_ADDRESS_KEYS = frozenset({"host", "hostaddr", "port"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,12 @@ class PgBouncer:
         """``database_url`` (a database of the server behind) through this pooler."""
         parts = urlsplit(database_url)
         user = parts.username or "postgres"
-        return urlunsplit(parts._replace(netloc=f"{user}@{self.host}:{self.port}"))
+        # The server's own address may be in the query string (a Unix socket: the embedded
+        # server's ?host=/path): it would win over the pooler's, so it goes.
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k not in _ADDRESS_KEYS]
+        return urlunsplit(
+            parts._replace(netloc=f"{user}@{self.host}:{self.port}", query=urlencode(query))
+        )
 
     def log(self) -> str:
         path = self.directory / "pgbouncer.log"
@@ -67,9 +76,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_as() -> str | None:
+def _run_as(socket_dir: str | None) -> str | None:
+    """Who pgbouncer runs as when we are root: the owner of the server's socket directory
+    (the embedded server's is its data directory, which only its owner may enter), else
+    ``postgres`` or ``nobody``."""
     if os.geteuid() != 0:
         return None
+    if socket_dir is not None:
+        return pwd.getpwuid(os.stat(socket_dir).st_uid).pw_name
     for name in ("postgres", "nobody"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
@@ -94,9 +108,11 @@ def pgbouncer(
     binary = pgbouncer_binary()
     if binary is None:
         raise RuntimeError("pgbouncer is not installed (apt-get install pgbouncer)")
-    parts = urlsplit(server_url)
-    user = parts.username or "postgres"
-    upstream = f"host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}"
+    address = psycopg.conninfo.conninfo_to_dict(server_url)
+    user = str(address.get("user") or "postgres")
+    host = str(address.get("host") or "127.0.0.1")
+    upstream = f"host={host} port={address.get('port') or 5432}"
+    socket_dir = host if host.startswith("/") else None
     port = _free_port()
     directory = Path(tempfile.mkdtemp(prefix="pgqueue-pgbouncer-"))
     config = {
@@ -122,7 +138,7 @@ def pgbouncer(
     ini += [f"{key} = {value}" for key, value in config.items()]
     (directory / "pgbouncer.ini").write_text("\n".join(ini) + "\n")
     command = [binary, str(directory / "pgbouncer.ini")]
-    owner = _run_as()
+    owner = _run_as(socket_dir)
     if owner is not None:
         entry = pwd.getpwnam(owner)
         os.chown(directory, entry.pw_uid, entry.pw_gid)
