@@ -217,7 +217,7 @@ class WaiterHub:
             if not keys:
                 continue
             try:
-                rows = await self._read([uuid.UUID(k) for k in keys])
+                statuses = await self._statuses([uuid.UUID(k) for k in keys])
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -229,13 +229,13 @@ class WaiterHub:
                 )
                 await asyncio.sleep(min(0.5 * 2**failures, RECONNECT_MAX_SECONDS))
                 continue
-            for task_id, found in rows.items():
-                if found and TaskStatus(found[0]["status"]).is_final:
+            for task_id, status in statuses.items():
+                if TaskStatus(status).is_final:
                     self._wake(str(task_id))
 
-    async def _read(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Any]]:
+    async def _statuses(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
         async with self._connection() as conn:
-            return await driver.arun(conn, waiting.task_get_many(ids))
+            return await driver.arun(conn, waiting.task_statuses(ids))
 
     def _wake(self, key: str) -> None:
         for event in self._events.get(key, ()):

@@ -50,6 +50,11 @@ def task_get_many(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[Row]]]:
     return {row["id"]: [row] for row in rows}
 
 
+def task_statuses(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, str]]:
+    rows = yield Query("task_statuses", {"ids": list(ids)})
+    return {row["id"]: row["status"] for row in rows}
+
+
 def task_waiter_remove_many(waits: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> Op[None]:
     ids, waiters = (list(column) for column in zip(*waits, strict=True))
     yield Query("task_waiter_remove_many", {"ids": ids, "waiters": waiters})

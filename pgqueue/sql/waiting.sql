@@ -45,6 +45,12 @@ SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR SHAR
 -- The waiter hub's reads of the tasks its waiters were woken for, in one statement.
 SELECT * FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
 
+-- name: task_statuses
+-- The waiter hub's poll, behind a pooler with nothing to LISTEN on: which of the waited tasks
+-- are final. Only the status, however large their payloads and results: a woken request
+-- reads its own task afterwards.
+SELECT id, status FROM pgqueue.tasks WHERE id = ANY(%(ids)s::uuid[]);
+
 -- name: task_waiter_remove_many
 -- task_waiter_remove for many waits at once: the API's waiter hub, as task_waiter_add_many.
 DELETE FROM pgqueue.task_waiters AS w
