@@ -311,6 +311,8 @@ class ClaimedTask:
     workflow_id: uuid.UUID | None = None
     # Its parents in depends_on order, read by the worker after the claim (ctx.parents).
     parents: tuple[Parent, ...] = ()
+    # The tenant it works for: the fair claim's turns and per-key limits (None: no key).
+    concurrency_key: str | None = None
 
     @property
     def lease(self) -> Lease:

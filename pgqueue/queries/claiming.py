@@ -17,6 +17,13 @@ from pgqueue.queries.driver import Op, Query, Row
 # Where a walk of the claim index starts when it starts at the beginning.
 FROM_THE_START = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
 ClaimStarts = Mapping[tuple[str, int], tuple[datetime, uuid.UUID]]
+# Where the fair claim's rotation of each queue and priority got to: the last key served
+# ('' for the unkeyed tasks' turn, which is also where a rotation starts).
+KeyRotation = Mapping[tuple[str, int], str]
+# How many keys one fair claim visits per queue and priority, at most: the batch (one task of
+# each in the first round) and this many more, for the keys at their limit or whose tasks
+# are not due yet, which the walk steps over.
+ROTATION_SLACK = 8
 
 
 def task_claim(
@@ -58,11 +65,47 @@ def task_claim(
 class LimitsProbe(NamedTuple):
     limited: bool  # some limit exists
     waiting: bool  # a task under one may be waiting in the probed queues
+    keyed: bool = False  # a task with a concurrency key may be waiting in them
+    locked: bool = False  # this transaction holds the limits lock (lock=True only)
 
 
-def limits_probe(queues: Sequence[str]) -> Op[LimitsProbe]:
-    rows = yield Query("limits_probe", {"queues": list(queues)})
-    return LimitsProbe(rows[0]["limited"], rows[0]["waiting"])
+def limits_probe(queues: Sequence[str], *, lock: bool = False) -> Op[LimitsProbe]:
+    """What the claim must honour in ``queues``; with ``lock``, in the claim's transaction,
+    the limits lock too (waited for if keyed tasks wait, tried if limited ones do)."""
+    rows = yield Query("limits_probe", {"queues": list(queues), "lock": lock})
+    row = rows[0]
+    return LimitsProbe(row["limited"], row["waiting"], row["keyed"], row["locked"])
+
+
+def task_claim_keyed(
+    *,
+    queues: Sequence[str],
+    limit: int,
+    owner: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+    rotation: KeyRotation | None = None,
+) -> Op[list[ClaimedTask]]:
+    """The fair claim (see claim_round): keys in turn within each queue and priority, each
+    within its per-key limits; the unkeyed tasks of the same queues take one turn among them.
+    Run it in the transaction that holds the limits lock."""
+    rotation = rotation or {}
+    params: dict[str, Any] = {"queues": list(queues)}
+    for level in Priority:
+        params[f"{level.name.lower()}_after"] = [rotation.get((q, level), "") for q in queues]
+    rows = yield Query(
+        "task_claim_keyed",
+        {
+            **params,
+            "limit": limit,
+            "visit": limit + ROTATION_SLACK,
+            "owner": owner,
+            "lease_seconds": lease_seconds,
+            "now": now,
+        },
+        tuples=True,
+    )
+    return _claimed(rows)
 
 
 def claim_round(
@@ -74,35 +117,46 @@ def claim_round(
     now: datetime | None = None,
     probed: LimitsProbe | None = None,
     starts: ClaimStarts | None = None,
+    rotation: KeyRotation | None = None,
 ) -> Op[tuple[list[ClaimedTask], bool]]:
-    """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) included, and say
-    whether any limit exists. Run it atomic: the limits lock lasts until commit. ``probed``:
-    the caller already ran limits_probe for these queues.
+    """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) and those with a
+    concurrency key included, and say whether the next claim should probe again (a limit
+    exists, or keyed tasks wait). Run it atomic: the limits lock lasts until commit.
+    ``probed``: the caller already ran limits_probe for these queues, outside this
+    transaction. ``rotation``: where the caller's previous fair claims got to.
 
     Limited tasks go first: they are rationed, so they take few of the slots, and claiming
     them after the ordinary ones would starve them whenever ordinary work fills every batch.
+    Where keyed tasks wait, the fair claim (task_claim_keyed) takes the rest, the unkeyed
+    tasks included as one more key; it waits for the limits lock, since a claimer that
+    skipped keyed work whenever another held the lock would leave slots idle. Otherwise the
+    ordinary claim takes the rest.
     A caller that starts what it claims at once (pgqueue.claim) writes no start mark, so a
     lost lease of its always counts; a worker marks its claims itself, just before its
     handlers (lease_starts_mark).
     """
-    params = {"queues": list(queues), "owner": owner, "lease_seconds": lease_seconds, "now": now}
-    probe = probed or (yield from limits_probe(queues))
+    params: dict[str, Any] = {
+        "queues": list(queues),
+        "owner": owner,
+        "lease_seconds": lease_seconds,
+        "now": now,
+    }
+    probe = probed or (yield from limits_probe(queues, lock=True))
     limited: list[Any] = []
-    if probe.waiting:
-        lock = yield Query("limits_try_lock", {})
-        if lock[0]["locked"]:
-            limited = yield Query("task_claim_limited", {**params, "limit": limit}, tuples=True)
+    locked = probe.locked
+    if not locked and (probe.keyed or probe.waiting):  # probed outside this transaction
+        lock = yield Query("limits_lock" if probe.keyed else "limits_try_lock", {})
+        locked = lock[0]["locked"]
+    if locked and probe.waiting:
+        limited = yield Query("task_claim_limited", {**params, "limit": limit}, tuples=True)
     claimed = _claimed(limited)
-    if len(limited) < limit:
-        claimed += yield from task_claim(
-            queues=queues,
-            limit=limit - len(limited),
-            owner=owner,
-            lease_seconds=lease_seconds,
-            now=now,
-            starts=starts,
+    if len(limited) < limit and probe.keyed:
+        claimed += yield from task_claim_keyed(
+            **params, limit=limit - len(limited), rotation=rotation
         )
-    return claimed, probe.limited
+    elif len(limited) < limit:
+        claimed += yield from task_claim(**params, limit=limit - len(limited), starts=starts)
+    return claimed, probe.limited or probe.keyed
 
 
 _PRIORITIES = {int(p): p for p in Priority}  # Priority(n), without the enum call's cost
@@ -126,13 +180,16 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
             trace_context=trace_context,
             has_parents=bool(has_parents),
             workflow_id=workflow_id,
+            concurrency_key=concurrency_key,
         )
         for (
             id, queue, type, payload, priority, attempts, max_attempts, lease_token,
             lease_expires_at, created_at, trace_context, has_parents, workflow_id,
+            concurrency_key,
         ) in rows
     ]  # fmt: skip
-    # UPDATE ... RETURNING does not keep the CTE's order; restore it for the caller.
+    # UPDATE ... RETURNING does not keep the CTE's order; restore it for the caller (the
+    # fair claim's rounds matter only for which tasks it took, not for their start order).
     tasks.sort(key=lambda t: (t.priority, t.created_at))
     return tasks
 

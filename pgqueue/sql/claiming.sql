@@ -52,7 +52,8 @@ next AS (
                   AS level(priority, after_created, after_id)
             CROSS JOIN LATERAL (
                   SELECT id, priority, created_at FROM pgqueue.tasks
-                   WHERE status = 'queued' AND queue = w.queue AND priority = level.priority
+                   WHERE status = 'queued' AND concurrency_key IS NULL
+                     AND queue = w.queue AND priority = level.priority
                      AND (created_at, id) > (level.after_created, level.after_id)
                      AND visible_after <= clock.now
                      -- Never start an expired task: maintenance cancels it.
@@ -104,31 +105,56 @@ UPDATE pgqueue.tasks AS t
 RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
           t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
           -- columns of the row the claim updates anyway (no read more).
-          t.parents_pending IS NOT NULL AS has_parents, t.workflow_id;
+          t.parents_pending IS NOT NULL AS has_parents, t.workflow_id, t.concurrency_key;
 
 -- name: limits_probe
--- Whether any limit exists, and whether a task under one may be waiting in these queues: one
--- index probe per limit and queue (the type index for a type, the claim index for a queue),
+-- Whether any limit exists, whether a task under one may be waiting in these queues, and
+-- whether a task with a concurrency key is: one index probe per limit and queue (the type
+-- index for a type, the claim index for a queue) and one per queue (the keyed claim index),
 -- so a limit with nothing waiting costs a claimer this statement, not the limited claim.
 -- Each probe is a scalar subquery for the first task in index order: PostgreSQL drops ORDER
 -- BY and LIMIT inside EXISTS, and may then bet on a sequential scan finding a row early, and
 -- read the whole table when there is none. Scheduled tasks count as waiting here (the claim
 -- itself looks at their time).
+-- With lock true (claim_round, in the claim's transaction), it also takes the limits lock the
+-- claim that follows needs: waited for when keyed tasks wait (limits_lock says why), tried
+-- otherwise when limited ones do (limits_try_lock); and where keyed tasks wait, the fair
+-- claim that follows is planned once per connection (a generic plan; planning it costs more
+-- than running it).
+WITH probe AS MATERIALIZED (
 SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
        EXISTS (SELECT 1
                  FROM pgqueue.limits AS l, unnest(%(queues)s::text[]) AS q(name)
                 WHERE CASE l.kind
                       WHEN 'type' THEN (
                           SELECT t.id FROM pgqueue.tasks AS t
-                           WHERE t.status = 'queued' AND t.type = l.name AND t.queue = q.name
+                           WHERE t.status = 'queued' AND t.concurrency_key IS NULL
+                             AND t.type = l.name AND t.queue = q.name
                            ORDER BY t.priority, t.created_at, t.id
                            LIMIT 1) IS NOT NULL
                       ELSE l.name = q.name AND (
                           SELECT t.id FROM pgqueue.tasks AS t
-                           WHERE t.status = 'queued' AND t.queue = q.name
+                           WHERE t.status = 'queued' AND t.concurrency_key IS NULL
+                             AND t.queue = q.name
                            ORDER BY t.priority, t.created_at, t.id
                            LIMIT 1) IS NOT NULL
-                      END) AS waiting;
+                      END) AS waiting,
+       EXISTS (SELECT 1
+                 FROM unnest(%(queues)s::text[]) AS q(name)
+                WHERE (SELECT t.id FROM pgqueue.tasks AS t
+                        WHERE t.status = 'queued' AND t.concurrency_key IS NOT NULL
+                          AND t.queue = q.name
+                        ORDER BY t.priority, t.concurrency_key, t.created_at, t.id
+                        LIMIT 1) IS NOT NULL) AS keyed
+)
+SELECT probe.limited, probe.waiting, probe.keyed,
+       CASE WHEN NOT %(lock)s THEN false
+            WHEN probe.keyed THEN (
+                SELECT true FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint),
+                                 set_config('plan_cache_mode', 'force_generic_plan', true))
+            WHEN probe.waiting THEN pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint)
+            ELSE false END AS locked
+  FROM probe;
 
 -- name: limits_try_lock
 -- Tasks under a limit are claimed by one claimer at a time, fleet-wide: whoever gets this
@@ -136,6 +162,13 @@ SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
 -- within the limits; the others skip limited tasks this round instead of waiting. The key is
 -- hashtext('pgqueue.limits').
 SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) AS locked;
+
+-- name: limits_lock
+-- The same lock, waited for, for a caller that probed outside the claim's transaction (see
+-- limits_probe with lock true, which takes it in the same statement): a claim of keyed tasks
+-- must not leave a slot idle while a key under its limit has a ready task, and every holder
+-- commits within a statement or two, so the wait is short.
+SELECT true AS locked FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint);
 
 -- name: task_claim_limited
 -- Claim tasks under a limit, after limits_try_lock, in the same transaction: this statement's
@@ -177,7 +210,8 @@ candidates AS (
       FROM clock, served
      CROSS JOIN LATERAL (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
-            WHERE status = 'queued' AND queue = served.name AND visible_after <= clock.now
+            WHERE status = 'queued' AND concurrency_key IS NULL AND queue = served.name
+              AND visible_after <= clock.now
               AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
               AND NOT EXISTS (SELECT 1 FROM room AS full_type
                                WHERE full_type.kind = 'type' AND full_type.name = tasks.type
@@ -193,8 +227,8 @@ candidates AS (
       FROM clock, served, room AS open_type
      CROSS JOIN LATERAL (
            SELECT id, type, queue, priority, created_at FROM pgqueue.tasks
-            WHERE status = 'queued' AND type = open_type.name AND queue = served.name
-              AND visible_after <= clock.now
+            WHERE status = 'queued' AND concurrency_key IS NULL AND type = open_type.name
+              AND queue = served.name AND visible_after <= clock.now
               AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
             ORDER BY priority, created_at, id
             LIMIT open_type.room
@@ -254,7 +288,7 @@ claimed AS (
      WHERE t.id = locked.id
     RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
               t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
-              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id
+              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id, t.concurrency_key
 ),
 started AS (
     SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
@@ -266,6 +300,219 @@ logged AS (
        -- Trimmed with a second to spare: a claim whose transaction began a moment before
        -- the previous holder's may stamp its starts a little earlier, and must still see
        -- every start within its own window.
+       SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
+                                  WHERE s.at > clock.now - (l.rate_period + 1) * interval '1 second'
+                                  ORDER BY s.at)
+                           || array_fill(clock.now, ARRAY[started.n::integer])
+      FROM started, clock
+     WHERE l.kind = started.kind AND l.name = started.name AND l.rate_limit IS NOT NULL
+)
+SELECT * FROM claimed;
+
+-- name: task_claim_keyed
+-- The fair claim, when tasks with a concurrency key wait in the served queues: after
+-- limits_probe has taken the limits lock (and task_claim_limited has run), in the same
+-- transaction, so that
+-- this statement's snapshot sees every claim committed before it and the per-key counts are
+-- exact fleet-wide. It claims the keyed tasks and the unkeyed ones of the same queues (but for
+-- those under a limit, which task_claim_limited took).
+-- Strict priority first: every high task before any normal one. Within a queue and priority
+-- (a lane), the keys take turns: the rotation walks the keys with waiting tasks from the one
+-- after where this claimer's previous claim stopped (after_key, '' for the beginning), one
+-- probe of tasks_claim_key_idx each, round to the end, where the unkeyed tasks take their turn
+-- as one more key (''), then from the first key up to where it started; at most `visit` keys.
+-- Each key offers its next tasks in priority and claim order, no more than its room: the
+-- least of the per-key limits of its queue and of the task's type (per_key_max_running minus
+-- its tasks of that queue or type running now, expired leases included until swept), and of
+-- the limits' own room (max_running and the rate, as task_claim_limited counts them). The
+-- batch is then filled in rounds: the first task of every key in turn, then the second of
+-- each, and so on (round, then position in the rotation).
+-- Committed without waiting for the WAL flush, as task_claim is.
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+                      set_config('synchronous_commit', 'off', true) AS async_commit),
+running AS MATERIALIZED (
+    SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
+),
+room AS MATERIALIZED (
+    -- Each limit's room (NULL: unbounded) and its per-key cap.
+    SELECT l.kind, l.name, l.per_key_max_running AS per_key,
+           least(l.max_running - (SELECT count(*) FROM running AS r
+                                   WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
+                                         = l.name),
+                 l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
+                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'))
+               AS room
+      FROM pgqueue.limits AS l, clock
+),
+lanes AS (
+    -- The served queues that are not paused, at each priority, with where the rotation was.
+    SELECT q.name AS queue, lv.priority, lv.after
+      FROM unnest(%(queues)s::text[], %(high_after)s::text[], %(normal_after)s::text[],
+                  %(low_after)s::text[]) AS q(name, high_after, normal_after, low_after)
+     CROSS JOIN LATERAL (VALUES (0::smallint, q.high_after), (1::smallint, q.normal_after),
+                                (2::smallint, q.low_after)) AS lv(priority, after)
+     WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = q.name AND p.paused)
+),
+rotation AS (
+    -- key NULL ends a lane's walk; wrapped: past the last key (the unkeyed turn was given).
+    SELECT l.queue, l.priority, l.after, coalesce(k.first, '') AS key,
+           k.first IS NULL AS wrapped, 1 AS position
+      FROM lanes AS l
+     CROSS JOIN LATERAL (
+           SELECT min(concurrency_key) AS first FROM pgqueue.tasks
+            WHERE status = 'queued' AND concurrency_key IS NOT NULL
+              AND queue = l.queue AND priority = l.priority AND concurrency_key > l.after
+           ) AS k
+    UNION ALL
+    SELECT r.queue, r.priority, r.after,
+           CASE WHEN r.wrapped THEN n.next ELSE coalesce(n.next, '') END,
+           r.wrapped OR n.next IS NULL, r.position + 1
+      FROM rotation AS r
+     CROSS JOIN LATERAL (
+           SELECT CASE WHEN r.wrapped THEN
+                       (SELECT min(concurrency_key) FROM pgqueue.tasks
+                         WHERE status = 'queued' AND concurrency_key IS NOT NULL
+                           AND queue = r.queue AND priority = r.priority
+                           AND concurrency_key > r.key AND concurrency_key <= r.after)
+                  ELSE
+                       (SELECT min(concurrency_key) FROM pgqueue.tasks
+                         WHERE status = 'queued' AND concurrency_key IS NOT NULL
+                           AND queue = r.queue AND priority = r.priority
+                           AND concurrency_key > r.key)
+                  END AS next
+           ) AS n
+     WHERE r.key IS NOT NULL AND r.position < %(visit)s
+),
+offered AS (
+    -- Each key's next tasks (at most the batch, or what its queue's per-key limit and the
+    -- queue's own limit leave); the unkeyed turn's next tasks, none of a limited type or
+    -- queue. row_number over a LATERAL ... LIMIT keeps the walk's order.
+    SELECT r.queue, r.priority, r.key, r.position, h.id, h.type, h.created_at,
+           row_number() OVER (PARTITION BY r.queue, r.priority, r.key
+                              ORDER BY h.created_at, h.id) AS round
+      FROM rotation AS r, clock
+     CROSS JOIN LATERAL (
+           SELECT id, type, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND concurrency_key IS NOT NULL
+              AND queue = r.queue AND priority = r.priority AND concurrency_key = r.key
+              AND visible_after <= clock.now
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
+            ORDER BY created_at, id
+            LIMIT greatest(0, least(
+                %(limit)s,
+                (SELECT q.per_key - (SELECT count(*) FROM running AS x
+                                      WHERE x.queue = r.queue AND x.concurrency_key = r.key)
+                   FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue),
+                (SELECT q.room FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue)))
+           ) AS h
+     WHERE r.key <> ''
+    UNION ALL
+    SELECT r.queue, r.priority, r.key, r.position, h.id, h.type, h.created_at,
+           row_number() OVER (PARTITION BY r.queue, r.priority ORDER BY h.created_at, h.id)
+      FROM rotation AS r, clock
+     CROSS JOIN LATERAL (
+           SELECT id, type, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND concurrency_key IS NULL
+              AND queue = r.queue AND priority = r.priority
+              AND visible_after <= clock.now
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
+              AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
+                               WHERE l.kind = 'type' AND l.name = tasks.type)
+            ORDER BY created_at, id
+            LIMIT %(limit)s
+           ) AS h
+     WHERE r.key = ''
+       AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
+                        WHERE l.kind = 'queue' AND l.name = r.queue)
+),
+per_queue_key AS (
+    -- A key's tasks at every priority share its queue's per-key room, highest first.
+    SELECT o.*
+      FROM (SELECT o.*, row_number() OVER (PARTITION BY o.queue, o.key
+                                           ORDER BY o.priority, o.round, o.position) AS nth_key
+              FROM offered AS o) AS o
+      LEFT JOIN room AS q ON q.kind = 'queue' AND q.name = o.queue AND o.key <> ''
+     WHERE q.per_key IS NULL
+        OR o.nth_key <= q.per_key - (SELECT count(*) FROM running AS x
+                                  WHERE x.queue = o.queue AND x.concurrency_key = o.key)
+),
+per_type_key AS (
+    -- Each key's room under its task type's per-key limit, in the fair order.
+    SELECT o.*
+      FROM (SELECT o.*, row_number() OVER (PARTITION BY o.type, o.key
+                                           ORDER BY o.priority, o.round, o.position,
+                                                    o.queue) AS nth_type_key
+              FROM per_queue_key AS o) AS o
+      LEFT JOIN room AS t ON t.kind = 'type' AND t.name = o.type AND o.key <> ''
+     WHERE t.per_key IS NULL
+        OR o.nth_type_key <= t.per_key - (SELECT count(*) FROM running AS x
+                                  WHERE x.type = o.type AND x.concurrency_key = o.key)
+),
+per_type AS (
+    -- Then each limited type's own room, and each limited queue's.
+    SELECT o.*
+      FROM (SELECT o.*, row_number() OVER (PARTITION BY o.type
+                                           ORDER BY o.priority, o.round, o.position,
+                                                    o.queue) AS nth_type
+              FROM per_type_key AS o) AS o
+      LEFT JOIN room AS t ON t.kind = 'type' AND t.name = o.type
+     WHERE t.room IS NULL OR o.nth_type <= t.room
+),
+chosen AS (
+    SELECT o.id
+      FROM (SELECT o.*, row_number() OVER (PARTITION BY o.queue
+                                           ORDER BY o.priority, o.round, o.position) AS nth
+              FROM per_type AS o) AS o
+      LEFT JOIN room AS q ON q.kind = 'queue' AND q.name = o.queue
+     WHERE q.room IS NULL OR o.nth <= q.room
+     ORDER BY o.priority, o.round, o.position, o.queue
+     LIMIT %(limit)s
+),
+locked AS (
+    -- The lock holder alone claims keyed tasks, but a cancel may hold one, and an ordinary
+    -- claim an unkeyed one: skip it.
+    SELECT t.id FROM pgqueue.tasks AS t JOIN chosen USING (id)
+     WHERE t.status = 'queued'
+       FOR UPDATE OF t SKIP LOCKED
+),
+claimed AS (
+    UPDATE pgqueue.tasks AS t
+       SET status = 'running',
+           attempts = t.attempts + 1,
+           lease_owner = %(owner)s,
+           lease_token = gen_random_uuid(),
+           lease_expires_at = clock.now + %(lease_seconds)s * interval '1 second',
+           started_at = clock.now,  -- the claim's time, as in task_claim
+           -- The declaration of a task enqueued before it, as in task_claim.
+           max_attempts = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.max_attempts FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.max_attempts) ELSE t.max_attempts END,
+           backoff_base = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_base FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_base) ELSE t.backoff_base END,
+           backoff_factor = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_factor FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_factor) ELSE t.backoff_factor END,
+           backoff_cap = CASE WHEN t.policy_default THEN coalesce(
+               (SELECT d.backoff_cap FROM pgqueue.task_types AS d WHERE d.type = t.type),
+               t.backoff_cap) ELSE t.backoff_cap END,
+           policy_default = CASE WHEN t.policy_default
+               AND EXISTS (SELECT FROM pgqueue.task_types AS d WHERE d.type = t.type)
+               THEN NULL ELSE t.policy_default END
+      FROM locked, clock
+     WHERE t.id = locked.id
+    RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attempts,
+              t.lease_token, t.lease_expires_at, t.created_at, t.trace_context,
+              t.parents_pending IS NOT NULL AS has_parents, t.workflow_id, t.concurrency_key
+),
+started AS (
+    SELECT 'type' AS kind, type AS name, count(*) AS n FROM claimed GROUP BY type
+    UNION ALL
+    SELECT 'queue', queue, count(*) FROM claimed GROUP BY queue
+),
+logged AS (
+    -- The rate limits' logs, as task_claim_limited appends to them.
+    UPDATE pgqueue.limits AS l
        SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
                                   WHERE s.at > clock.now - (l.rate_period + 1) * interval '1 second'
                                   ORDER BY s.at)

@@ -38,7 +38,7 @@ from typing import Any
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask
 from pgqueue.queries.claiming import ClaimStarts as Starts
-from pgqueue.queries.claiming import claim_round, lease_starts_mark, limits_probe, task_claim
+from pgqueue.queries.claiming import claim_round, lease_starts_mark, task_claim
 from pgqueue.queries.dependencies import task_parents_many
 from pgqueue.queries.driver import arun
 from pgqueue.queries.leased import task_heartbeat
@@ -46,12 +46,17 @@ from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
+from pgqueue.worker.key_rotation import KeyRotation
 from pgqueue.worker.metrics import WorkerMetrics
 from pgqueue.worker.state import Slots, StopRequest
 
-# A worker that saw no limits takes the one-statement claim, and looks for limits again this
-# often (a worker that saw some looks at every claim).
+# A worker that saw no limits and no keyed tasks takes the one-statement claim, and looks
+# for them again this often (a worker that saw some looks at every claim), and after a claim
+# that found fewer tasks than it asked for, no more often than SHORTFALL_RECHECK_SECONDS: a
+# task with a concurrency key, which the ordinary claim leaves alone, is then picked up at
+# once by a worker that has a free slot, not at the next look.
 LIMITS_RECHECK_SECONDS = 1.0
+SHORTFALL_RECHECK_SECONDS = 0.05
 # Adaptive polling (see the module's docstring): the sleep after a claim that found tasks, and
 # how much longer each sleep after a claim that found none, up to the poll interval.
 POLL_AFTER_WORK = 0.02
@@ -97,6 +102,7 @@ class Claimer:
         # that is cheap (claim_starts.py's FULL_WALK_SPACING still bounds its cost).
         rescan = 0.0 if adaptive else config.poll_interval
         self.starts = ClaimStarts(rescan, config.lease_seconds)
+        self.rotation = KeyRotation()
 
     async def run(self) -> None:
         cfg = self._config
@@ -160,7 +166,10 @@ class Claimer:
         starts = self.starts.next()
         began = time.monotonic()
         claimed = await self._claim_from(conn, want, starts)
-        self.starts.claimed(claimed, starts=starts, seconds=time.monotonic() - began)
+        unkeyed = [t for t in claimed if t.concurrency_key is None]
+        self.starts.claimed(unkeyed, starts=starts, seconds=time.monotonic() - began)
+        if len(unkeyed) < len(claimed):
+            self.rotation.claimed(claimed)
         if not claimed:
             return claimed
         with_parents = [t.id for t in claimed if t.has_parents]
@@ -201,6 +210,9 @@ class Claimer:
         return [t for t in claimed if t.id in held.held]
 
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
+        """The ordinary claim alone where no limit and no keyed task was seen at the last
+        look; otherwise claim_round, in a transaction of its own (it probes, takes the limits
+        lock where it must, and claims under the limits and in turns of the keys)."""
         cfg = self._config
         args: dict[str, Any] = {
             "queues": cfg.queues,
@@ -211,12 +223,18 @@ class Claimer:
         }
         now = time.monotonic()
         if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
-            probe = await arun(conn, limits_probe(cfg.queues))
-            self._slots.limited, self._limits_checked = probe.limited, now
-            if probe.waiting:
-                claimed, _ = await arun(conn, claim_round(**args, probed=probe), atomic=True)
-                return claimed
-        return await arun(conn, task_claim(**args))
+            return await self._claim_round(conn, args, now)
+        claimed = await arun(conn, task_claim(**args))
+        if len(claimed) < want and now - self._limits_checked >= SHORTFALL_RECHECK_SECONDS:
+            args["limit"] = want - len(claimed)
+            claimed += await self._claim_round(conn, args, now)
+        return claimed
+
+    async def _claim_round(self, conn: Any, args: dict[str, Any], now: float) -> list[ClaimedTask]:
+        round_ = claim_round(**args, rotation=self.rotation.current())
+        claimed, probe_again = await arun(conn, round_, atomic=True)
+        self._slots.limited, self._limits_checked = probe_again, now
+        return claimed
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -49,7 +49,9 @@ class Slots:
         self.pending: list[PendingCompletion] = []
         self.wake = asyncio.Event()  # look for tasks now
         self.slot_freed = asyncio.Event()
-        self.limited = False  # whether pgqueue.limits had rows at the claimer's last look
+        # Whether the claimer saw limits or keyed tasks at its last look (it then probes at
+        # every claim).
+        self.limited = False
 
     def changed(self) -> None:
         """A slot of ours freed: the claimer may claim again, and with limits in play the

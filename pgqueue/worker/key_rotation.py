@@ -1,0 +1,41 @@
+"""Where the fair claim's turns got to, per queue and priority, so that the next claim gives
+the next keys their turn (see task_claim_keyed in sql/claiming.sql).
+
+The claim walks the keys with waiting tasks in key order (byte order: the column's collation
+is "C", as Python compares str), from the one after the last key served, round to the end,
+where the tasks without a key take their turn ('' here), then from the first key on. So the
+last key served is the last of the claimed tasks' keys in that order: the greatest key at or
+before the old start if the walk went round, else the greatest key after it.
+
+Each worker keeps its own rotation: claims are serialized by the limits lock, and every
+worker's rotation goes round all the keys, so each key gets a turn from each worker in turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pgqueue.models import ClaimedTask
+from pgqueue.queries.claiming import KeyRotation as Rotation
+
+
+class KeyRotation:
+    """The last key served per (queue, priority); pure bookkeeping, driven by the claimer."""
+
+    def __init__(self) -> None:
+        self._after: dict[tuple[str, int], str] = {}
+
+    def current(self) -> Rotation:
+        return dict(self._after)
+
+    def claimed(self, tasks: Iterable[ClaimedTask]) -> None:
+        """Move each lane's start past the keys a claim served."""
+        served: dict[tuple[str, int], list[str]] = {}
+        for task in tasks:
+            served.setdefault((task.queue, int(task.priority)), []).append(
+                task.concurrency_key or ""
+            )
+        for lane, keys in served.items():
+            after = self._after.get(lane, "")
+            went_round = [key for key in keys if key <= after]
+            self._after[lane] = max(went_round) if went_round else max(keys)
