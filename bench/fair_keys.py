@@ -29,14 +29,14 @@ fresh work, which is not what is measured here.
               key submits nine times the cold rate (90 % of the live submissions, in
               transactions of 10): it runs at its limit with a backlog that only grows,
               while the cold stream goes on as before.
-``capped``    backlogs for 2 more keys: with the hot key, 3 keys run at their limit
-              (12 slots; what is left is the cold keys'), so that every claim must refuse
-              keys at their limit. ``--capped-seconds`` (30), or with ``--long`` until
+``capped``    backlogs for 5 more keys: with the hot key, 6 keys run at their limit
+              (24 slots; what is left is the cold keys'), so that claims keep meeting keys
+              at their limit. ``--capped-seconds`` (30), or with ``--long`` until
               ``--claims`` (1,000,000) handlers have started in all.
 ``fair``      deep backlogs for ``--deep-keys`` (24) more keys and for unkeyed tasks of an
               unlimited type (``fair.plain``: the fair claim's unkeyed turn, one more
-              "key"): with the hot and capped keys 28 backlogs compete for 32 slots, more than
-              the limits alone share out (28 x 4 > 32): what each gets is the claim's doing.
+              "key"): with the hot and capped keys 31 backlogs compete for 32 slots, more than
+              the limits alone share out (31 x 4 > 32): what each gets is the claim's doing.
               ``--fair-seconds`` (60).
 
 Until the producer API for keys is on main, live tasks are written with SQL as
@@ -131,7 +131,7 @@ SLOTS = PROCESSES * CONCURRENCY
 WINDOW = 10.0  # seconds: Jain's index windows
 SETTLE = 2.0  # seconds after a phase's load starts before its window opens
 HOT_BATCH = 10  # the hot key's tasks per transaction
-CAPPED_KEYS = 2  # keys besides the hot one that run at their limit in the capped phase
+CAPPED_KEYS = 5  # keys besides the hot one that run at their limit in the capped phase
 BASELINE_RATE = 2200  # unkeyed tasks a second the baseline's backlog is sized for
 CONNECT: dict[str, Any] = {"autocommit": True, "connect_timeout": 10}
 
@@ -857,33 +857,40 @@ def explain_generic(conn: psycopg.Connection[Any], op: driver.Op[Any], fmt: str 
     return "\n".join(r[0] for r in rows)
 
 
-def plan_hotspots(plan: Mapping[str, Any], top: int = 6) -> dict[str, Any]:
-    """Where a plan's time went: its execution and planning time, and the ``top`` nodes by
-    exclusive time (their own total over every loop less their children's), each named with
-    the CTE it runs in. A CTE Scan's own time includes producing the CTE's rows, which its
-    CTE's nodes report: CTE Scans are left out."""
-    nodes: list[tuple[float, str]] = []
+def plan_stages(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a fair claim's time went: its execution and planning time, the time of each of
+    its CTEs (inclusive: a CTE is produced when first read, and ``room`` reads ``running``,
+    ``locked`` reads ``rotation`` and ``room``), how many rows the keys offered (the largest
+    Append under ``locked``: every visited key's next tasks, before the rounds cut them to
+    the batch), and how many index entries ``running`` read for how many running tasks (the
+    lease index keeps an entry per claim until vacuum removes it)."""
+    stages: dict[str, float] = {}
+    offered = 0
+    running = {"index_entries": 0, "rows": 0}
 
     def walk(node: Mapping[str, Any], cte: str) -> None:
+        nonlocal offered
         name = node.get("Subplan Name", "")
         if name.startswith("CTE "):
             cte = name[4:]
-        children = node.get("Plans", [])
-        own = node["Actual Total Time"] * node["Actual Loops"]
-        own -= sum(c["Actual Total Time"] * c["Actual Loops"] for c in children)
-        if node["Node Type"] != "CTE Scan":
-            what = node.get("Index Name") or node.get("Relation Name") or ""
-            label = f"{node['Node Type']}{' ' + what if what else ''} x{node['Actual Loops']}"
-            nodes.append((own, f"{label} (in {cte or 'the main query'})"))
-        for child in children:
+            stages[cte] = round(node["Actual Total Time"] * node["Actual Loops"], 3)
+        rows = round(node["Actual Rows"] * node["Actual Loops"])
+        if cte == "locked" and node["Node Type"] in ("Append", "Merge Append"):
+            offered = max(offered, rows)
+        if cte == "running" and node["Node Type"].endswith("Index Scan"):
+            running["index_entries"] += rows
+        if cte == "running" and name == "CTE running":
+            running["rows"] = rows
+        for child in node.get("Plans", []):
             walk(child, cte)
 
     walk(plan["Plan"], "")
-    nodes.sort(reverse=True)
     return {
         "execution_ms": round(plan["Execution Time"], 3),
         "planning_ms": round(plan.get("Planning Time", 0.0), 3),
-        "top_nodes": [(round(t, 3), label) for t, label in nodes[:top]],
+        "ctes_ms": stages,
+        "offered_rows": offered,
+        "running": running,
     }
 
 
@@ -960,9 +967,8 @@ def claim_cost(server_url: str, settings: Settings) -> dict[str, Any]:
                         rotation=rotations[kind].current(),
                     )
 
-                plans[kind] = plan_hotspots(explain_generic(conn, keyed(), "JSON"))
-                if keys in (settings.cost_keys[0], settings.cost_keys[-1]):
-                    plans[kind]["text"] = explain_generic(conn, keyed())
+                tree = explain_generic(conn, keyed(), "JSON")
+                plans[kind] = {**plan_stages(tree), "text": explain_generic(conn, keyed())}
         rows = {}
         for kind in kinds:
             rows[kind] = {
@@ -1062,15 +1068,20 @@ def report(result: dict[str, Any], settings: Settings) -> str:
             )
         lines += [
             "",
-            "The fair claim's statement, EXPLAIN ANALYZE of its generic plan (after the run):"
-            " execution and planning ms, and the nodes that took the most (exclusive ms):",
+            "The fair claim's statement after the samples, EXPLAIN ANALYZE of its generic plan"
+            " (ms; a CTE's time includes the CTEs it reads):",
             "",
+            "| keys | execution | planning | running | room | rotation | locked | claimed"
+            " | rows offered | running: index entries read / rows |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for kind, p in cost["explain"].items():
+            c = p["ctes_ms"]
             lines.append(
-                f"- {int(kind[1:]):,} keys: execution {p['execution_ms']} ms (planning"
-                f" {p['planning_ms']} ms, once per connection); "
-                + "; ".join(f"{label} {t}" for t, label in p["top_nodes"])
+                f"| {int(kind[1:]):,} | {p['execution_ms']} | {p['planning_ms']} |"
+                f" {c.get('running')} | {c.get('room')} | {c.get('rotation')} |"
+                f" {c.get('locked')} | {c.get('claimed')} | {p['offered_rows']} |"
+                f" {p['running']['index_entries']} / {p['running']['rows']} |"
             )
     lines += ["", "| target | value | wanted | verdict |", "|---|---|---|---|"]
     for part in ("fleet", "cost"):
@@ -1116,11 +1127,11 @@ def parse(argv: Sequence[str]) -> Settings:
     capped_s = args.capped_seconds or (5.0 if smoke else 30.0)
     # Enough for the phase at 2,000 handlers a second shared by the deep keys, the unkeyed
     # backlog, the hot key and the capped ones.
-    deep = args.deep_backlog or math.ceil(2000 * (fair_s + SETTLE) / (deep_keys + 4))
+    deep = args.deep_backlog or math.ceil(2000 * (fair_s + SETTLE) / (deep_keys + 2))
     # A capped key runs at most --limit handlers of --sleep-ms: enough for the phase (with
     # --long, for all the claims asked).
     at_most = 1000 / args.sleep_ms * args.limit
-    capped = math.ceil(args.claims * 0.5 if args.long else at_most * (capped_s + SETTLE + 5))
+    capped = math.ceil(args.claims * 0.2 if args.long else at_most * (capped_s + SETTLE + 5))
     settings = Settings(
         smoke=smoke,
         long=args.long,
