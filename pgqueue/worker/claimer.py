@@ -103,6 +103,7 @@ class Claimer:
         rescan = 0.0 if adaptive else config.poll_interval
         self.starts = ClaimStarts(rescan, config.lease_seconds)
         self.rotation = KeyRotation()
+        self._keyed = False  # keyed tasks waited at the last look
 
     async def run(self) -> None:
         cfg = self._config
@@ -119,9 +120,11 @@ class Claimer:
                 continue
             if self._stop.stopping:
                 break
-            if len(claimed) == want:
+            if len(claimed) == want or (claimed and self._keyed):
+                # Probably more waiting; or keys are taking turns, and a claim that visited
+                # as many keys as it may can leave tasks of keys further on.
                 self.polls.found()
-                continue  # probably more waiting
+                continue
             await self._sleep_or_wake(self.polls.after(len(claimed)))
 
     def free_slots(self) -> int:
@@ -232,8 +235,9 @@ class Claimer:
 
     async def _claim_round(self, conn: Any, args: dict[str, Any], now: float) -> list[ClaimedTask]:
         round_ = claim_round(**args, rotation=self.rotation.current())
-        claimed, probe_again = await arun(conn, round_, atomic=True)
-        self._slots.limited, self._limits_checked = probe_again, now
+        claimed, probe = await arun(conn, round_, atomic=True)
+        self._slots.limited, self._limits_checked = probe.limited or probe.keyed, now
+        self._keyed = probe.keyed
         return claimed
 
     async def _sleep_or_wake(self, seconds: float) -> None:
