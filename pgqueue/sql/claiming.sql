@@ -167,8 +167,11 @@ SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) AS locked;
 -- The same lock, waited for, for a caller that probed outside the claim's transaction (see
 -- limits_probe with lock true, which takes it in the same statement): a claim of keyed tasks
 -- must not leave a slot idle while a key under its limit has a ready task, and every holder
--- commits within a statement or two, so the wait is short.
-SELECT true AS locked FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint);
+-- commits within a statement or two, so the wait is short. The fair claim that follows is
+-- planned once per connection, as limits_probe says.
+SELECT true AS locked
+  FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: task_claim_limited
 -- Claim tasks under a limit, after limits_try_lock, in the same transaction: this statement's
