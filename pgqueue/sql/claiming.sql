@@ -406,11 +406,14 @@ turns AS MATERIALIZED (
      WHERE r.key IS NOT NULL
 ),
 depth AS (
-    -- With keys enough to fill the batch one task each, each offers one (its next); with
-    -- fewer, each offers what it may, so that no slot is left idle for want of a turn.
-    SELECT CASE WHEN count(*) FILTER (WHERE room > 0) < %(limit)s THEN %(limit)s ELSE 1 END
+    -- Per priority: with keys enough to fill the batch one task each, each offers one (its
+    -- next); with fewer, each offers what it may, so that no slot is left idle for want of a
+    -- turn, and a priority's few keys fill the batch before any lower priority's.
+    SELECT priority,
+           CASE WHEN count(*) FILTER (WHERE room > 0) < %(limit)s THEN %(limit)s ELSE 1 END
                AS per_turn
       FROM turns
+     GROUP BY priority
 ),
 offered AS (
     -- Each key's next tasks; the unkeyed turn's next tasks, none of a limited type.
@@ -418,7 +421,7 @@ offered AS (
     SELECT t.queue, t.priority, t.key, t.position, h.id, h.type, h.created_at,
            row_number() OVER (PARTITION BY t.queue, t.priority, t.key
                               ORDER BY h.created_at, h.id) AS round
-      FROM turns AS t, depth, clock
+      FROM turns AS t JOIN depth USING (priority), clock
      CROSS JOIN LATERAL (
            SELECT id, type, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND concurrency_key IS NOT NULL
@@ -432,7 +435,7 @@ offered AS (
     UNION ALL
     SELECT t.queue, t.priority, t.key, t.position, h.id, h.type, h.created_at,
            row_number() OVER (PARTITION BY t.queue, t.priority ORDER BY h.created_at, h.id)
-      FROM turns AS t, depth, clock
+      FROM turns AS t JOIN depth USING (priority), clock
      CROSS JOIN LATERAL (
            SELECT id, type, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND concurrency_key IS NULL

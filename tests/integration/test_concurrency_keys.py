@@ -123,6 +123,19 @@ def test_priority_is_strict_across_keys_before_keys_take_turns(conn):
     assert [t.id for t in got] == [urgent]
 
 
+def test_a_prioritys_few_keys_fill_the_batch_before_many_keys_of_a_lower_one(conn):
+    """Turns are one task per key only where a priority has keys enough to fill the batch:
+    one key's five high tasks all go before thirty keys' normal ones."""
+    for n in range(30):
+        enqueue(conn, "t", f"k{n:02}")
+    high = enqueue(conn, "t", "vip", 5, priority="high")
+
+    got = claim(conn, limit=8)
+
+    assert [t.id for t in got if t.priority == pgqueue.Priority.HIGH] == high
+    assert len(got) == 8
+
+
 def test_unkeyed_tasks_take_one_turn_among_the_keys(conn):
     plain = enqueue(conn, "t", None, 10)
     enqueue(conn, "t", "a", 10)
