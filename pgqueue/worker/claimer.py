@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pgqueue.key_rotation import KeyRotation
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask
 from pgqueue.queries.claiming import ClaimStarts as Starts
@@ -52,7 +53,6 @@ from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
-from pgqueue.worker.key_rotation import KeyRotation
 from pgqueue.worker.metrics import WorkerMetrics
 from pgqueue.worker.state import Slots, StopRequest
 

@@ -20,9 +20,9 @@ import psycopg
 import pytest
 
 import pgqueue
+from pgqueue.key_rotation import KeyRotation
 from pgqueue.queries.claiming import claim_round
 from pgqueue.queries.driver import run
-from pgqueue.worker.key_rotation import KeyRotation
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
