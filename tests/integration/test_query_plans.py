@@ -132,9 +132,12 @@ def big(big_database_url: str) -> Iterator[psycopg.Connection[Any]]:
             conn.rollback()
 
 
-def partial_index(conn: psycopg.Connection[Any], status: str, column: str) -> str:
+def partial_index(
+    conn: psycopg.Connection[Any], status: str, column: str, *, keyed: bool = False
+) -> str:
     """The name of the partial index on pgqueue.tasks for rows of ``status`` that covers
-    ``column``: found in the catalog, so a renamed index does not break these tests."""
+    ``column``: found in the catalog, so a renamed index does not break these tests. The
+    waiting rows' indexes are split by key: ``keyed`` picks the one of tasks with a key."""
     rows = conn.execute(
         """
         SELECT c.relname
@@ -142,8 +145,9 @@ def partial_index(conn: psycopg.Connection[Any], status: str, column: str) -> st
          WHERE i.indrelid = 'pgqueue.tasks'::regclass
            AND pg_get_expr(i.indpred, i.indrelid) LIKE %s
            AND pg_get_indexdef(i.indexrelid) LIKE %s
+           AND (pg_get_expr(i.indpred, i.indrelid) LIKE '%%concurrency_key IS NOT NULL%%') = %s
         """,
-        (f"%'{status}'%", f"%({column}%"),
+        (f"%'{status}'%", f"%({column}%", keyed),
     ).fetchall()
     assert len(rows) == 1, f"expected one partial index for {status} rows by {column}: {rows}"
     return str(rows[0][0])
