@@ -115,9 +115,9 @@ from psycopg import sql
 from bench.loadkit import machine_busy_seconds, stop_group
 from bench.private_postgres import private_server
 from pgqueue import migrate
+from pgqueue.key_rotation import KeyRotation
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import claiming, driver, leased
-from pgqueue.worker.key_rotation import KeyRotation
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
