@@ -105,6 +105,7 @@ def limit_set(
     max_running: int | None,
     rate_limit: int | None,
     rate_period: float | None,
+    per_key_max_running: int | None = None,
     now: datetime | None = None,
 ) -> Op[Limit]:
     rows = yield Query(
@@ -115,6 +116,7 @@ def limit_set(
             "max_running": max_running,
             "rate_limit": rate_limit,
             "rate_period": rate_period,
+            "per_key_max_running": per_key_max_running,
             "now": now,
         },
     )

@@ -209,13 +209,15 @@ RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retenti
 -- one on; the sliding log of recent starts is kept, so lowering a rate takes effect at once.
 -- Wakes idle workers, since a raised limit may free tasks for them.
 WITH saved AS (
-    INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period, updated_at)
+    INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period,
+                                     per_key_max_running, updated_at)
     VALUES (%(kind)s, %(name)s, %(max_running)s, %(rate_limit)s, %(rate_period)s,
-            coalesce(%(now)s::timestamptz, now()))
+            %(per_key_max_running)s, coalesce(%(now)s::timestamptz, now()))
     ON CONFLICT (kind, name) DO UPDATE
        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-           rate_period = excluded.rate_period, updated_at = excluded.updated_at
-    RETURNING kind, name, max_running, rate_limit, rate_period, updated_at
+           rate_period = excluded.rate_period,
+           per_key_max_running = excluded.per_key_max_running, updated_at = excluded.updated_at
+    RETURNING kind, name, max_running, rate_limit, rate_period, per_key_max_running, updated_at
 )
 SELECT saved.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM saved;
 
@@ -229,15 +231,28 @@ SELECT removed.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM removed;
 
 -- name: limit_list
 -- Every limit with what it is using now: tasks running under it (expired leases included
--- until swept) and starts within its rate window.
+-- until swept), starts within its rate window, and how many concurrency keys have tasks
+-- running under it and how many of those are at its per-key cap (their next tasks wait).
+-- All from the running tasks (the lease index: as many as the workers' slots), read once.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 running AS MATERIALIZED (
-    SELECT type, queue FROM pgqueue.tasks WHERE status = 'running'
+    SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
 )
-SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.updated_at,
+SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.per_key_max_running,
+       l.updated_at,
        (SELECT count(*) FROM running AS r
          WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name) AS running,
        (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
-         WHERE s.at > clock.now - l.rate_period * interval '1 second') AS recent_starts
-  FROM pgqueue.limits AS l, clock
+         WHERE s.at > clock.now - l.rate_period * interval '1 second') AS recent_starts,
+       k.keys_running, k.keys_at_cap
+  FROM pgqueue.limits AS l
+ CROSS JOIN clock
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS keys_running,
+              count(*) FILTER (WHERE per_key.n >= l.per_key_max_running) AS keys_at_cap
+         FROM (SELECT count(*) AS n FROM running AS r
+                WHERE r.concurrency_key IS NOT NULL
+                  AND CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name
+                GROUP BY r.concurrency_key) AS per_key
+       ) AS k
  ORDER BY l.kind, l.name;
