@@ -65,7 +65,8 @@ def queue_remove(name: str) -> Op[bool]:
 
 
 def queue_known(name: str) -> Op[bool]:
-    # Planned each time: its generic plan reads the finished tasks by a sequential scan.
+    # Planned each time: asked rarely (before a pause or a retention), and a generic plan of
+    # it once read the finished tasks by a sequential scan.
     rows = yield Query("queue_known", {"name": name}, prepare=False)
     return bool(rows[0]["known"])
 

@@ -132,9 +132,13 @@ def big(big_database_url: str) -> Iterator[psycopg.Connection[Any]]:
             conn.rollback()
 
 
-def partial_index(conn: psycopg.Connection[Any], status: str, column: str) -> str:
+def partial_index(
+    conn: psycopg.Connection[Any], status: str, column: str, *, keyed: bool = False
+) -> str:
     """The name of the partial index on pgqueue.tasks for rows of ``status`` that covers
-    ``column``: found in the catalog, so a renamed index does not break these tests."""
+    ``column``: found in the catalog, so a renamed index does not break these tests. The
+    waiting tasks with a concurrency key have claim indexes of their own: ``keyed`` picks
+    those, else those of the tasks without a key (and every other index)."""
     rows = conn.execute(
         """
         SELECT c.relname
@@ -142,8 +146,9 @@ def partial_index(conn: psycopg.Connection[Any], status: str, column: str) -> st
          WHERE i.indrelid = 'pgqueue.tasks'::regclass
            AND pg_get_expr(i.indpred, i.indrelid) LIKE %s
            AND pg_get_indexdef(i.indexrelid) LIKE %s
+           AND (pg_get_expr(i.indpred, i.indrelid) LIKE '%%concurrency_key IS NOT NULL%%') = %s
         """,
-        (f"%'{status}'%", f"%({column}%"),
+        (f"%'{status}'%", f"%({column}%", keyed),
     ).fetchall()
     assert len(rows) == 1, f"expected one partial index for {status} rows by {column}: {rows}"
     return str(rows[0][0])
@@ -539,15 +544,20 @@ def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any])
 
 def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connection[Any]) -> None:
     """The starvation policy runs every sweep round over a backlog of any size: it must reach
-    the aged tasks through the claim index (a loose walk over the queues, then a range per
-    queue and level), never by reading the backlog."""
+    the aged tasks through the claim indexes (a loose walk over the queues, then a range per
+    queue and level), never by reading the backlog. (Tasks with a concurrency key: in
+    test_key_plans.py.)"""
     query = first_query(queues.task_promote(300, MAINTENANCE_BATCH))
     claim_index = partial_index(big, "queued", "queue")
+    key_index = partial_index(big, "queued", "queue", keyed=True)
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"promote ({label})")
-        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
-        # The claim index finds the tasks; the primary key is the UPDATE's way back to them.
-        assert claim_index in used and used <= {claim_index, "tasks_pkey"}, (label, used)
+        used = {n.get("Index Name") for n in nodes(plan["Plan"])} - {None}
+        # The claim indexes find the tasks; the primary key is the UPDATE's way back to them.
+        assert claim_index in used and used <= {claim_index, key_index, "tasks_pkey"}, (
+            label,
+            used,
+        )
 
 
 def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connection[Any]) -> None:
