@@ -583,6 +583,26 @@ class Limit:
 
 
 @dataclasses.dataclass(frozen=True)
+class KeyStats:
+    """How busy one concurrency key is in one queue now: ``running``, its tasks running
+    (expired leases included until swept), and ``ready``, its queued tasks due now. The
+    busiest keys are those with the most running + ready: what the key holds and what it
+    asks for, its share of the workers (scheduled tasks are not asked for yet).
+
+    ``ready_capped``: the key has 1,000 or more queued tasks, which is as far as pgqueue
+    counts a key's, so that one tenant's backlog costs no more than that to look at; ``ready``
+    is then those due among its first 1,000 in claim order (priority, then age): at least
+    that many are ready.
+    """
+
+    queue: str
+    key: str
+    running: int
+    ready: int
+    ready_capped: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class QueueThroughput:
     """Tasks of one queue that finished within a time window: completed and dead-lettered."""
 

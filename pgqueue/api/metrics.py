@@ -103,6 +103,15 @@ class ApiMetrics:
             ["kind", "name"],
             registry=self.registry,
         )
+        # The busiest concurrency keys only (operations.DEFAULT_BUSIEST_KEYS of them): a key is
+        # a tenant, and a label per tenant would grow the series without bound.
+        self.key_tasks = Gauge(
+            "pgqueue_key_tasks",
+            "Tasks of the busiest concurrency keys (running + ready) by queue, key and state "
+            "(running, or ready: queued and due, counted up to 1000 per key)",
+            ["queue", "key", "state"],
+            registry=self.registry,
+        )
 
         # The oldest snapshot holding back vacuum of pgqueue.tasks (0 while none is), and the
         # threshold the dashboard and `pgqueue stats` warn at, for an alert rule to compare.
@@ -132,13 +141,16 @@ class ApiMetrics:
         depth: Iterable[models.QueueStats],
         queues: Iterable[models.QueueState],
         limits: Iterable[models.Limit],
+        keys: Iterable[models.KeyStats] = (),
     ) -> None:
-        """Replace the gauges with this reading, so that a queue or a limit gone since the
-        last scrape disappears rather than showing its last value for ever."""
+        """Replace the gauges with this reading, so that a queue, a limit or a key gone since
+        the last scrape (or no longer among the busiest) disappears rather than showing its
+        last value for ever."""
         self.depth.clear()
         self.ready.clear()
         self.oldest.clear()
         self.paused.clear()
+        self.key_tasks.clear()
         for gauge in (
             self.limit_max_running,
             self.limit_running,
@@ -159,6 +171,9 @@ class ApiMetrics:
             if x.per_key_max_running is not None:
                 self.limit_per_key.labels(*target).set(x.per_key_max_running)
                 self.limit_keys_at_cap.labels(*target).set(x.keys_at_cap)
+        for k in keys:
+            self.key_tasks.labels(k.queue, k.key, "running").set(k.running)
+            self.key_tasks.labels(k.queue, k.key, "ready").set(k.ready)
         for q in queues:
             self.paused.labels(q.name).set(1 if q.paused else 0)
         for d in depth:

@@ -401,6 +401,19 @@ class OldestSnapshotOut(BaseModel):
     xid_age: int = Field(description="How many transactions ago its snapshot was taken.")
 
 
+class KeyStatsRow(BaseModel):
+    """A concurrency key in a queue: its tasks running and ready (queued and due) now."""
+
+    queue: str
+    key: str
+    running: int
+    ready: int
+    ready_capped: bool = Field(
+        description="The key has 1,000 or more queued tasks, counted no further: ready counts "
+        "those due among its first 1,000 in claim order, so at least that many are ready."
+    )
+
+
 class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
@@ -418,6 +431,11 @@ class StatsOut(BaseModel):
     )
     oldest_snapshot_warn_seconds: float = Field(
         default=60.0, description="The threshold of oldest_snapshot_warning."
+    )
+    busiest_keys: list[KeyStatsRow] = Field(
+        default_factory=list,
+        description="The busiest concurrency keys (running + ready), busiest first, at most "
+        "`keys` of them.",
     )
 
 

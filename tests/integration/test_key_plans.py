@@ -1,6 +1,7 @@
 """Query plans with tasks that have a concurrency key: the statements that read every waiting
 task must read the keyed ones through their own index, and stay cheap however the keys and
-their backlogs are shaped.
+their backlogs are shaped; the busiest keys (asked every few seconds) must cost the number of
+keys, not the length of one tenant's backlog.
 
 The table (built once for the module, then VACUUM ANALYZE'd, as test_query_plans.py builds
 its own): one tenant with a backlog of 100,000 tasks, 20,000 tasks over 10,000 other keys,
@@ -35,7 +36,7 @@ from test_query_plans import (
     rows_read,
 )
 
-from pgqueue.queries import driver, queues
+from pgqueue.queries import driver, queues, stats
 
 BIG_KEY = 100_000  # one tenant's backlog
 KEYS = 10_000  # other tenants, two tasks each
@@ -220,3 +221,37 @@ def test_the_queue_probe_reads_an_entry_of_an_index_per_kind_of_task(
     assert rows_read(analyzed["Plan"]) <= RUNNING + 8, outline(analyzed["Plan"])
     assert driver.run(keyed, queues.queue_known(queue)) is known
     keyed.rollback()
+
+
+def test_the_busiest_keys_cost_the_keys_not_the_backlog_of_one(
+    keyed: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every `pgqueue stats`, /api/v1/stats, /metrics scrape and dashboard refresh: the
+    running tasks from their index, the queued ones by chunks of tasks_claim_key_idx, a
+    tenant's 100,000 read for two chunks at most, never the table."""
+    key_index = partial_index(keyed, "queued", "queue", keyed=True)
+    query = first_query(stats.key_busiest(10))
+    for label, plan in plans(keyed, query).items():
+        assert_index_only_access(plan, f"busiest keys ({label})")
+    analyzed = explain(keyed, query, analyze=True)
+    tree = analyzed["Plan"]
+    entries = entries_read(tree, key_index)
+    read = rows_read(tree)
+    waiting = 2 * KEYS + 2 * KEYED_ONLY  # the other keys' tasks, each read once
+    report(
+        capsys,
+        f"busiest keys with {BIG_KEY:,} keyed tasks of one key, {2 * KEYS:,} over {KEYS:,} keys "
+        f"and {2 * KEYED_ONLY:,} over {KEYED_ONLY:,} more: {analyzed['Execution Time']:.2f} ms, "
+        f"{entries:,} entries of {key_index} of {BIG_KEY + waiting:,}, {read:,} rows read",
+    )
+    # Those tasks, a chunk's last group read again per chunk, two chunks of the big key.
+    assert entries <= waiting + 2 * 1000 + 2 * waiting // 100, outline(tree)
+    assert read <= entries + RUNNING, outline(tree)
+    busiest = driver.run(keyed, stats.key_busiest(10))
+    keyed.rollback()
+    assert (busiest[0].queue, busiest[0].key, busiest[0].ready_capped) == (
+        "default",
+        "tenant-big",
+        True,
+    )
+    assert len(busiest) == 10
