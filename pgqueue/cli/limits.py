@@ -10,7 +10,7 @@ import typer
 from pgqueue import operations as ops
 from pgqueue.cli.database import connection
 from pgqueue.cli.output import emit
-from pgqueue.cli.parsing import parse_duration, show_duration
+from pgqueue.cli.parsing import parse_count, parse_duration, show_duration
 from pgqueue.formatting import MISSING, table
 from pgqueue.models import Limit as LimitRow
 
@@ -65,12 +65,11 @@ def limit_set(
         ),
     ] = 1.0,
     per_key_max_running: Annotated[
-        int | None,
+        str | None,
         typer.Option(
-            min=0,
-            max=ops.MAX_RUNNING,
+            metavar="N",
             help="At most this many running at once per concurrency key (tenant), across "
-            "every worker; tasks without a key are not held by it.",
+            "every worker, 0 to 1000000; tasks without a key are not held by it.",
         ),
     ] = None,
 ) -> None:
@@ -84,7 +83,9 @@ def limit_set(
             max_running=max_running,
             rate=rate,
             per=per,
-            per_key_max_running=per_key_max_running,
+            # Read as the library and the HTTP API read it: 2.0 is not a count, and the
+            # range is the library's to say.
+            per_key_max_running=parse_count(per_key_max_running, "--per-key-max-running"),
         )
     parts = []
     if limit.max_running is not None:
