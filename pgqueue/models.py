@@ -204,6 +204,9 @@ class Task:
     workflow_id: uuid.UUID | None = None
     parents_pending: int | None = None
     cancelled_by: uuid.UUID | None = None
+    # The tenant it works for (account, customer): workers claim the keys of a queue in
+    # turns, and per-key limits count by it. None: no key.
+    concurrency_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -237,6 +240,7 @@ class Task:
             workflow_id=row.get("workflow_id"),
             parents_pending=row.get("parents_pending"),
             cancelled_by=row.get("cancelled_by"),
+            concurrency_key=row.get("concurrency_key"),
         )
 
     @property
