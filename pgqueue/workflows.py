@@ -201,7 +201,7 @@ def function_step(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ste
     one missing parameter: the first positional one they leave unbound, which receives the
     parents' results."""
     payload, receives, required = fn.partial_arguments(*args, **kwargs)
-    options = {k: v for k, v in fn.step_options().items() if v is not None}
+    options = {k: v for k, v in fn.step_options(payload, receives).items() if v is not None}
     prepare(fn.type, payload, **options)  # the options, checked now
     types = None if receives is None else fn.receiving_types(receives)
     return Step(fn.type, payload, options, receives, required, types)
