@@ -18,7 +18,11 @@ from fastapi import Query
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from pgqueue import models
-from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.enqueue import (
+    MAX_CONCURRENCY_KEY_LENGTH,
+    MAX_DELAY_SECONDS,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+)
 from pgqueue.models import MAX_ATTEMPTS, Parent, Task, WorkflowInfo
 from pgqueue.operations import DAY as _DAY
 from pgqueue.operations import MAX_RATE, MAX_RUNNING
@@ -98,6 +102,15 @@ class SubmitTask(BaseModel):
     expires_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = Field(
         None, description="As expires_in, an ISO 8601 date-time with a time zone offset."
     )
+    concurrency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCURRENCY_KEY_LENGTH,
+        examples=["account-42"],
+        description="The tenant (account, customer) the task works for: workers take the keys "
+        "of a queue in turns, and a limit's per_key_max_running caps how many tasks of one key "
+        "run at once. null: no key.",
+    )
 
 
 class IdempotencyConflictOut(BaseModel):
@@ -152,6 +165,9 @@ class SubmitOut(BaseModel):
         description="If no attempt has been spent by then, it is never run: cancelled with "
         "last_error 'expired'. null: never expires.",
     )
+    concurrency_key: str | None = Field(
+        None, description="The tenant the task works for, as submitted; null: no key."
+    )
 
     @staticmethod
     def fields_of(task: Task) -> dict[str, Any]:
@@ -177,6 +193,7 @@ class SubmitOut(BaseModel):
             "worker": task.lease_owner,
             "lease_expires_at": task.lease_expires_at,
             "expires_at": task.expires_at,
+            "concurrency_key": task.concurrency_key,
         }
 
     @classmethod

@@ -99,6 +99,7 @@ async def submit(
                     key_reuse=body.key_reuse,
                     expires_in=body.expires_in,
                     expires_at=body.expires_at,
+                    concurrency_key=body.concurrency_key,
                 )
     except IdempotencyConflict as exc:
         # Answered here rather than by the shared handlers: this body carries what only
