@@ -89,10 +89,11 @@ class KeyReuse(enum.StrEnum):
 
     - ``return`` (the default): insert nothing and return the original task, whatever was
       submitted this time.
-    - ``refuse``: return the original only when this submit has its type, queue and payload
-      (JSON equality); otherwise raise IdempotencyConflict, as payment APIs refuse a key
-      reused with other parameters. Other options (priority, run time, attempts) are not
-      compared: a retry may well compute another delay.
+    - ``refuse``: return the original only when this submit has its type, queue, payload
+      (JSON equality) and concurrency key (a queue or concurrency key left out is not
+      compared); otherwise raise IdempotencyConflict, as payment APIs refuse a key reused
+      with other parameters. Other options (priority, run time, attempts) are not compared:
+      a retry may well compute another delay.
     """
 
     RETURN = "return"

@@ -75,10 +75,11 @@ class SubmitTask(BaseModel):
         "return",
         description="When the idempotency key is already used: 'return' answers 200 with the "
         "original task, whatever this request submits; 'refuse' does so only when this request "
-        "has the original's type, queue and payload (JSON equality: key order does not "
-        "matter), and otherwise answers 409 idempotency_conflict with the original's task_id "
-        "and the differing_fields. Other fields (priority, run time, attempts) are not "
-        "compared. Without an idempotency key it changes nothing.",
+        "has the original's type, queue, payload (JSON equality: key order does not matter) "
+        "and concurrency key (a queue or concurrency key left out is not compared), and "
+        "otherwise answers 409 idempotency_conflict with the original's task_id and the "
+        "differing_fields. Other fields (priority, run time, attempts) are not compared. "
+        "Without an idempotency key it changes nothing.",
     )
     # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
     # integer (not "3", 2.0 or true).
@@ -116,13 +117,13 @@ class SubmitTask(BaseModel):
 class IdempotencyConflictOut(BaseModel):
     """The idempotency key is held by a task that differs from this request (``key_reuse``
     'refuse'): nothing was submitted. ``task_id`` is the original; ``differing_fields`` names
-    what differs, of type, queue and payload."""
+    what differs, of type, queue, payload and concurrency key."""
 
     error: Literal["idempotency_conflict"]
     message: str
     idempotency_key: str
     task_id: uuid.UUID
-    differing_fields: list[Literal["type", "queue", "payload"]]
+    differing_fields: list[Literal["type", "queue", "payload", "concurrency_key"]]
 
 
 class SubmitOut(BaseModel):

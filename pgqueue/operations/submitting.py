@@ -98,9 +98,10 @@ def enqueue(
     by workers at start), else 'normal', 'default' and 3 attempts; no concurrency key is no
     key. With an idempotency key that was already used, nothing is inserted and the original
     task comes back with ``created=False``, whatever was submitted this time; with
-    ``key_reuse="refuse"``, only if this submit has the original's type, queue (when given)
-    and payload (JSON equality), else IdempotencyConflict is raised, naming the original and
-    the fields that differ. Nothing is written then, and the transaction is still usable.
+    ``key_reuse="refuse"``, only if this submit has the original's type, queue (when given),
+    payload (JSON equality) and concurrency key (when given), else IdempotencyConflict is
+    raised, naming the original and the fields that differ. Nothing is written then, and the
+    transaction is still usable.
 
     ``notify=False`` sends no NOTIFY to wake idle workers (they find the task at their next
     poll): many producers committing at once then do not queue for the lock a NOTIFY takes

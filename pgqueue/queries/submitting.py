@@ -42,8 +42,9 @@ def task_insert(
     notify: bool | None = None,
 ) -> Op[tuple[Task, bool]]:
     """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing).
-    A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue or
-    payload, raises IdempotencyConflict (no SQL error: the transaction stays usable)."""
+    A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue,
+    payload or concurrency key, raises IdempotencyConflict (no SQL error: the transaction
+    stays usable)."""
     notify = pooling.resolve_notify(notify)
     if _in_graph(spec):
         (task,) = yield from task_insert_dependent([spec], now, trace_context, notify=notify)
@@ -117,14 +118,21 @@ def _refuse_if_different(
     batch: Mapping[uuid.UUID, int] | None = None,
 ) -> None:
     """Raise IdempotencyConflict when ``holder`` (a task_get_by_keys_compared row) is not what
-    ``spec`` submitted: another type, queue or payload. ``batch`` maps the ids this batch
-    inserted to their positions, to say when the holder is an earlier item of it."""
+    ``spec`` submitted: another type, queue, payload or concurrency key. ``batch`` maps the ids
+    this batch inserted to their positions, to say when the holder is an earlier item of it."""
     # A submit that gave no queue asks for the type's declared one, which is what
-    # placed the holder too when it gave none: only a queue given is compared.
+    # placed the holder too when it gave none: only a queue given is compared. So is a
+    # concurrency key: idempotency keys are global, and one reused for another tenant is
+    # another request; a submit without one says nothing (a submit by type name, from the
+    # CLI or HTTP, cannot compute a function task's declared key).
     compared: tuple[tuple[ComparedField, bool], ...] = (
         ("type", holder["type"] == spec.type),
         ("queue", spec.queue is None or holder["queue"] == spec.queue),
         ("payload", holder["same_payload"]),
+        (
+            "concurrency_key",
+            spec.concurrency_key is None or holder["concurrency_key"] == spec.concurrency_key,
+        ),
     )
     differing = tuple(field for field, same in compared if not same)
     if differing:
@@ -137,6 +145,7 @@ def _refuse_if_different(
             original_queue=holder["queue"],
             index=index,
             original_index=(batch or {}).get(holder["id"]),
+            original_concurrency_key=holder["concurrency_key"],
         )
 
 

@@ -108,3 +108,16 @@ def test_a_bad_key_is_422_naming_the_field_and_writes_nothing(api, conn, bad):
     assert body["error"] == "invalid_request"
     assert [(e["field"], e["message"]) for e in body["errors"]] == [("concurrency_key", message)]
     assert count_tasks(conn) == 0
+
+
+def test_refuse_answers_409_naming_the_concurrency_key_when_another_tenant_reuses_a_key(api, conn):
+    body = {"type": "t", "idempotency_key": "order-1", "concurrency_key": "acct-1"}
+    first = post(api, body)
+    same = post(api, {**body, "key_reuse": "refuse"})
+    other = post(api, {**body, "concurrency_key": "acct-2", "key_reuse": "refuse"})
+
+    assert (first.status_code, same.status_code, other.status_code) == (202, 200, 409)
+    assert other.json()["error"] == "idempotency_conflict"
+    assert other.json()["task_id"] == first.json()["task_id"]
+    assert other.json()["differing_fields"] == ["concurrency_key"]
+    assert count_tasks(conn) == 1

@@ -257,6 +257,66 @@ def test_the_handler_sees_its_tasks_key_on_its_context(database_url, conn):
     assert seen == {"with": "acct-5", "without": None}
 
 
+# --- an idempotency key reused with key_reuse="refuse" -------------------------------------------
+
+
+def test_refuse_returns_the_original_for_the_same_key_or_none_given(conn):
+    first = pgqueue.enqueue(conn, "t", idempotency_key="order-1", concurrency_key="acct-1")
+
+    same = pgqueue.enqueue(
+        conn, "t", idempotency_key="order-1", concurrency_key="acct-1", key_reuse="refuse"
+    )
+    unsaid = pgqueue.enqueue(conn, "t", idempotency_key="order-1", key_reuse="refuse")
+
+    assert (same.created, same.id) == (False, first.id)
+    assert (unsaid.created, unsaid.id) == (False, first.id)
+
+
+def test_refuse_names_the_concurrency_key_when_another_tenant_reuses_an_idempotency_key(conn):
+    first = pgqueue.enqueue(conn, "t", idempotency_key="order-1", concurrency_key="acct-1")
+    unkeyed = pgqueue.enqueue(conn, "t", idempotency_key="order-2")
+
+    with pytest.raises(pgqueue.IdempotencyConflict) as other:
+        pgqueue.enqueue(
+            conn, "t", idempotency_key="order-1", concurrency_key="acct-2", key_reuse="refuse"
+        )
+    with pytest.raises(pgqueue.IdempotencyConflict) as added:
+        pgqueue.enqueue(
+            conn, "t", idempotency_key="order-2", concurrency_key="acct-2", key_reuse="refuse"
+        )
+
+    assert (other.value.task_id, other.value.differing_fields) == (first.id, ("concurrency_key",))
+    assert other.value.original_concurrency_key == "acct-1"
+    assert "concurrency key 'acct-1'" in str(other.value)
+    assert (added.value.task_id, added.value.differing_fields) == (unkeyed.id, ("concurrency_key",))
+    assert count_tasks(conn) == 2
+
+
+def test_refuse_in_a_batch_names_the_item_whose_concurrency_key_differs(conn):
+    pgqueue.enqueue(conn, "t", idempotency_key="order-1", concurrency_key="acct-1")
+
+    with pytest.raises(pgqueue.IdempotencyConflict) as info:
+        pgqueue.enqueue_many(
+            conn,
+            [
+                pgqueue.prepare("t", idempotency_key="order-9", concurrency_key="acct-1"),
+                pgqueue.prepare("t", idempotency_key="order-1", concurrency_key="acct-2"),
+            ],
+            key_reuse="refuse",
+        )
+
+    assert (info.value.index, info.value.differing_fields) == (1, ("concurrency_key",))
+    assert count_tasks(conn) == 1
+
+
+def test_the_default_key_reuse_returns_the_original_whatever_the_key(conn):
+    first = pgqueue.enqueue(conn, "t", idempotency_key="order-1", concurrency_key="acct-1")
+
+    again = pgqueue.enqueue(conn, "t", idempotency_key="order-1", concurrency_key="acct-2")
+
+    assert (again.created, again.id, again.task.concurrency_key) == (False, first.id, "acct-1")
+
+
 # --- bad keys, refused before anything is written -------------------------------------------------
 
 BAD_KEYS: dict[str, tuple[Any, str]] = {
