@@ -419,6 +419,19 @@ class OldestSnapshotOut(BaseModel):
     xid_age: int = Field(description="How many transactions ago its snapshot was taken.")
 
 
+class KeyStatsRow(BaseModel):
+    """A concurrency key in a queue: its tasks running and ready (queued and due) now."""
+
+    queue: str
+    key: str
+    running: int
+    ready: int
+    ready_capped: bool = Field(
+        description="The key has 1,000 or more queued tasks, counted no further: ready counts "
+        "those due among its first 1,000 in claim order, so at least that many are ready."
+    )
+
+
 class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
@@ -436,6 +449,11 @@ class StatsOut(BaseModel):
     )
     oldest_snapshot_warn_seconds: float = Field(
         default=60.0, description="The threshold of oldest_snapshot_warning."
+    )
+    busiest_keys: list[KeyStatsRow] = Field(
+        default_factory=list,
+        description="The busiest concurrency keys (running + ready), busiest first, at most "
+        "`keys` of them.",
     )
 
 
@@ -486,6 +504,13 @@ class LimitIn(BaseModel):
     max_running: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RUNNING)
     rate: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RATE)
     per_seconds: Annotated[float, Strict()] = Field(1.0, gt=0, le=MAX_RETENTION)
+    per_key_max_running: Annotated[int, Strict()] | None = Field(
+        None,
+        ge=0,
+        le=MAX_RUNNING,
+        description="At most this many running at once per concurrency key (tasks without a "
+        "key are not held by it).",
+    )
 
 
 class LimitOut(BaseModel):
@@ -494,8 +519,17 @@ class LimitOut(BaseModel):
     max_running: int | None
     rate: int | None
     per_seconds: float | None
+    per_key_max_running: int | None = None
     running: int = Field(description="Tasks running under the limit now.")
     recent_starts: int = Field(description="Starts within the rate window.")
+    keys_running: int = Field(
+        0, description="Concurrency keys with tasks running under the limit now."
+    )
+    keys_at_cap: int = Field(
+        0,
+        description="Of those, the keys with per_key_max_running running (their next tasks "
+        "wait); 0 without a per-key part.",
+    )
     updated_at: datetime | None
 
     @classmethod
@@ -506,8 +540,11 @@ class LimitOut(BaseModel):
             max_running=limit.max_running,
             rate=limit.rate_limit,
             per_seconds=limit.rate_period,
+            per_key_max_running=limit.per_key_max_running,
             running=limit.running,
             recent_starts=limit.recent_starts,
+            keys_running=limit.keys_running,
+            keys_at_cap=limit.keys_at_cap,
             updated_at=limit.updated_at,
         )
 
