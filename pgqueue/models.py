@@ -89,10 +89,11 @@ class KeyReuse(enum.StrEnum):
 
     - ``return`` (the default): insert nothing and return the original task, whatever was
       submitted this time.
-    - ``refuse``: return the original only when this submit has its type, queue and payload
-      (JSON equality); otherwise raise IdempotencyConflict, as payment APIs refuse a key
-      reused with other parameters. Other options (priority, run time, attempts) are not
-      compared: a retry may well compute another delay.
+    - ``refuse``: return the original only when this submit has its type, queue, payload
+      (JSON equality) and concurrency key (a queue or concurrency key left out is not
+      compared); otherwise raise IdempotencyConflict, as payment APIs refuse a key reused
+      with other parameters. Other options (priority, run time, attempts) are not compared:
+      a retry may well compute another delay.
     """
 
     RETURN = "return"
@@ -204,6 +205,9 @@ class Task:
     workflow_id: uuid.UUID | None = None
     parents_pending: int | None = None
     cancelled_by: uuid.UUID | None = None
+    # The tenant it works for (account, customer): workers claim the keys of a queue in
+    # turns, and per-key limits count by it. None: no key.
+    concurrency_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -237,6 +241,7 @@ class Task:
             workflow_id=row.get("workflow_id"),
             parents_pending=row.get("parents_pending"),
             cancelled_by=row.get("cancelled_by"),
+            concurrency_key=row.get("concurrency_key"),
         )
 
     @property

@@ -75,6 +75,7 @@ POOLER_PASS = (
     "integration/test_retry_and_dead_letters.py",
     "integration/test_snooze.py",
     "integration/test_limits.py",
+    "integration/test_concurrency_keys.py",
     "integration/test_periodic.py",
     "integration/test_workflows.py",
     "integration/test_workflow_status.py",
@@ -87,6 +88,7 @@ POOLER_PASS = (
     "acceptance/test_prompt_cancel.py",
     "acceptance/test_wait_processes.py",
     "acceptance/test_workflows_processes.py",
+    "acceptance/test_keyed_worker_processes.py",
 )
 # Of those, the files whose tests assert a wake-up by NOTIFY sooner than any poll (a cancel
 # reaching a running handler, a wait answered on the notification): in the pass they get

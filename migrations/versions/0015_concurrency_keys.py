@@ -46,24 +46,56 @@ depends_on = None
 
 BACKLOG_VIEW = """
     -- What waits and runs, per queue and priority: the waiting tasks from both claim indexes
-    -- (without and with a key), the running ones from the lease index.
+    -- (without and with a key), the running ones from the lease index. Ages count from the
+    -- first ready time (ready_since), as before.
     CREATE OR REPLACE VIEW pgqueue.backlog AS
     SELECT queue,
            pgqueue.priority_name(priority) AS priority,
            count(*) FILTER (WHERE status = 'queued' AND visible_after <= now()) AS ready,
            count(*) FILTER (WHERE status = 'queued' AND visible_after > now()) AS scheduled,
            count(*) FILTER (WHERE status = 'running') AS running,
-           now() - min(visible_after) FILTER (WHERE status = 'queued' AND visible_after <= now())
+           now() - min(coalesce(ready_since, visible_after))
+                   FILTER (WHERE status = 'queued' AND visible_after <= now())
                AS oldest_ready_age
-      FROM (SELECT queue, priority, status, visible_after
+      FROM (SELECT queue, priority, status, visible_after, ready_since
               FROM pgqueue.tasks WHERE status = 'queued' AND concurrency_key IS NULL
             UNION ALL
-            SELECT queue, priority, status, visible_after
+            SELECT queue, priority, status, visible_after, ready_since
               FROM pgqueue.tasks WHERE status = 'queued' AND concurrency_key IS NOT NULL
             UNION ALL
-            SELECT queue, priority, status, visible_after
+            SELECT queue, priority, status, visible_after, ready_since
               FROM pgqueue.tasks WHERE status = 'running') AS t
      GROUP BY queue, priority;
+
+    -- Every task per queue, priority and status, one branch per partial index (the statuses
+    -- the CHECK allows, the waiting ones split by key): a reader asking for one status (as
+    -- autoscalers do every few seconds) reads its indexes, and the other branches' indexes
+    -- find nothing at once, instead of reading the table.
+    CREATE OR REPLACE VIEW pgqueue.queue_depth AS
+    SELECT queue,
+           pgqueue.priority_name(priority) AS priority,
+           status,
+           count(*) AS tasks,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after <= now()) AS ready,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after > now()) AS scheduled,
+           now() - min(coalesce(ready_since, visible_after))
+                   FILTER (WHERE status = 'queued' AND visible_after <= now())
+               AS oldest_ready_age
+      FROM (SELECT queue, priority, status, visible_after, ready_since
+              FROM pgqueue.tasks WHERE status = 'queued' AND concurrency_key IS NULL
+            UNION ALL
+            SELECT queue, priority, status, visible_after, ready_since
+              FROM pgqueue.tasks WHERE status = 'queued' AND concurrency_key IS NOT NULL
+            UNION ALL
+            SELECT queue, priority, status, visible_after, ready_since
+              FROM pgqueue.tasks WHERE status = 'running'
+            UNION ALL
+            SELECT queue, priority, status, visible_after, ready_since
+              FROM pgqueue.tasks WHERE status = 'waiting'
+            UNION ALL
+            SELECT queue, priority, status, visible_after, ready_since
+              FROM pgqueue.tasks WHERE status IN ('completed', 'failed', 'cancelled')) AS t
+     GROUP BY queue, priority, status;
 """
 
 
@@ -113,14 +145,28 @@ def downgrade() -> None:
            count(*) FILTER (WHERE status = 'queued' AND visible_after <= now()) AS ready,
            count(*) FILTER (WHERE status = 'queued' AND visible_after > now()) AS scheduled,
            count(*) FILTER (WHERE status = 'running') AS running,
-           now() - min(visible_after) FILTER (WHERE status = 'queued' AND visible_after <= now())
+           now() - min(coalesce(ready_since, visible_after))
+                   FILTER (WHERE status = 'queued' AND visible_after <= now())
                AS oldest_ready_age
-      FROM (SELECT queue, priority, status, visible_after
+      FROM (SELECT queue, priority, status, visible_after, ready_since
               FROM pgqueue.tasks WHERE status = 'queued'
             UNION ALL
-            SELECT queue, priority, status, visible_after
+            SELECT queue, priority, status, visible_after, ready_since
               FROM pgqueue.tasks WHERE status = 'running') AS t
      GROUP BY queue, priority;
+
+    CREATE OR REPLACE VIEW pgqueue.queue_depth AS
+    SELECT queue,
+           pgqueue.priority_name(priority) AS priority,
+           status,
+           count(*) AS tasks,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after <= now()) AS ready,
+           count(*) FILTER (WHERE status = 'queued' AND visible_after > now()) AS scheduled,
+           now() - min(coalesce(ready_since, visible_after))
+                   FILTER (WHERE status = 'queued' AND visible_after <= now())
+               AS oldest_ready_age
+      FROM pgqueue.tasks
+     GROUP BY queue, priority, status;
 
     DELETE FROM pgqueue.limits WHERE max_running IS NULL AND rate_limit IS NULL;
     ALTER TABLE pgqueue.limits DROP CONSTRAINT limits_some_check;

@@ -18,7 +18,11 @@ from fastapi import Query
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from pgqueue import models
-from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.enqueue import (
+    MAX_CONCURRENCY_KEY_LENGTH,
+    MAX_DELAY_SECONDS,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+)
 from pgqueue.models import MAX_ATTEMPTS, Parent, Task, WorkflowInfo
 from pgqueue.operations import DAY as _DAY
 from pgqueue.operations import MAX_RATE, MAX_RUNNING
@@ -71,10 +75,11 @@ class SubmitTask(BaseModel):
         "return",
         description="When the idempotency key is already used: 'return' answers 200 with the "
         "original task, whatever this request submits; 'refuse' does so only when this request "
-        "has the original's type, queue and payload (JSON equality: key order does not "
-        "matter), and otherwise answers 409 idempotency_conflict with the original's task_id "
-        "and the differing_fields. Other fields (priority, run time, attempts) are not "
-        "compared. Without an idempotency key it changes nothing.",
+        "has the original's type, queue, payload (JSON equality: key order does not matter) "
+        "and concurrency key (a queue or concurrency key left out is not compared), and "
+        "otherwise answers 409 idempotency_conflict with the original's task_id and the "
+        "differing_fields. Other fields (priority, run time, attempts) are not compared. "
+        "Without an idempotency key it changes nothing.",
     )
     # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
     # integer (not "3", 2.0 or true).
@@ -98,18 +103,27 @@ class SubmitTask(BaseModel):
     expires_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = Field(
         None, description="As expires_in, an ISO 8601 date-time with a time zone offset."
     )
+    concurrency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCURRENCY_KEY_LENGTH,
+        examples=["account-42"],
+        description="The tenant (account, customer) the task works for: workers take the keys "
+        "of a queue in turns, and a limit's per_key_max_running caps how many tasks of one key "
+        "run at once. null: no key.",
+    )
 
 
 class IdempotencyConflictOut(BaseModel):
     """The idempotency key is held by a task that differs from this request (``key_reuse``
     'refuse'): nothing was submitted. ``task_id`` is the original; ``differing_fields`` names
-    what differs, of type, queue and payload."""
+    what differs, of type, queue, payload and concurrency key."""
 
     error: Literal["idempotency_conflict"]
     message: str
     idempotency_key: str
     task_id: uuid.UUID
-    differing_fields: list[Literal["type", "queue", "payload"]]
+    differing_fields: list[Literal["type", "queue", "payload", "concurrency_key"]]
 
 
 class SubmitOut(BaseModel):
@@ -152,6 +166,9 @@ class SubmitOut(BaseModel):
         description="If no attempt has been spent by then, it is never run: cancelled with "
         "last_error 'expired'. null: never expires.",
     )
+    concurrency_key: str | None = Field(
+        None, description="The tenant the task works for, as submitted; null: no key."
+    )
 
     @staticmethod
     def fields_of(task: Task) -> dict[str, Any]:
@@ -177,6 +194,7 @@ class SubmitOut(BaseModel):
             "worker": task.lease_owner,
             "lease_expires_at": task.lease_expires_at,
             "expires_at": task.expires_at,
+            "concurrency_key": task.concurrency_key,
         }
 
     @classmethod

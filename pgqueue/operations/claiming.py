@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
+from pgqueue.key_rotation import rotation_of
 from pgqueue.models import ClaimedTask, SweepResult
 from pgqueue.operations.checks import DEFAULT_LEASE_SECONDS, check_lease, check_limit
 from pgqueue.queries import claiming
@@ -25,20 +26,29 @@ def claim(
 ) -> Op[list[ClaimedTask]]:
     """Claim up to ``limit`` ready tasks: marks them running, counts the attempt, sets a lease.
 
-    Commit promptly: the claim's row locks (and, when limits exist, the limits lock) are held
-    until the transaction ends. Tasks under a limit (:func:`set_limit`) are claimed within it.
+    Commit promptly: the claim's row locks (and, when limits exist or keyed tasks wait, the
+    limits lock) are held until the transaction ends. Tasks under a limit (:func:`set_limit`)
+    are claimed within it; tasks with a concurrency key in turns per key, from where this
+    process's previous claim for the same ``worker_id`` stopped.
     The claim's transaction commits without waiting for the WAL flush (README, "The delivery
     guarantee"), and so does anything else written in it: give the claim a transaction of
     its own, as the worker does.
     """
+    rotation = rotation_of(worker_id)
     op = claiming.claim_round(
         queues=list(queues),
         limit=check_limit(limit),
         owner=worker_id,
         lease_seconds=check_lease(lease_seconds),
         now=now,
+        rotation=rotation.current(),
     )
-    return mapped(op, lambda round_: round_[0])
+
+    def claimed(round_: tuple[list[ClaimedTask], claiming.LimitsProbe]) -> list[ClaimedTask]:
+        rotation.claimed(round_[0])
+        return round_[0]
+
+    return mapped(op, claimed)
 
 
 @operation

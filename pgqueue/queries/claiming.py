@@ -118,10 +118,10 @@ def claim_round(
     probed: LimitsProbe | None = None,
     starts: ClaimStarts | None = None,
     rotation: KeyRotation | None = None,
-) -> Op[tuple[list[ClaimedTask], bool]]:
+) -> Op[tuple[list[ClaimedTask], LimitsProbe]]:
     """Claim up to ``limit`` tasks, those under a limit (pgqueue.limits) and those with a
-    concurrency key included, and say whether the next claim should probe again (a limit
-    exists, or keyed tasks wait). Run it atomic: the limits lock lasts until commit.
+    concurrency key included, and what the probe found (whether the next claim should probe
+    again: a limit exists, or keyed tasks wait). Run it atomic: the limits lock lasts until commit.
     ``probed``: the caller already ran limits_probe for these queues, outside this
     transaction. ``rotation``: where the caller's previous fair claims got to.
 
@@ -156,7 +156,7 @@ def claim_round(
         )
     elif len(limited) < limit:
         claimed += yield from task_claim(**params, limit=limit - len(limited), starts=starts)
-    return claimed, probe.limited or probe.keyed
+    return claimed, probe
 
 
 _PRIORITIES = {int(p): p for p in Priority}  # Priority(n), without the enum call's cost

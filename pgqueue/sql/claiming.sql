@@ -167,8 +167,11 @@ SELECT pg_try_advisory_xact_lock(hashtext('pgqueue.limits')::bigint) AS locked;
 -- The same lock, waited for, for a caller that probed outside the claim's transaction (see
 -- limits_probe with lock true, which takes it in the same statement): a claim of keyed tasks
 -- must not leave a slot idle while a key under its limit has a ready task, and every holder
--- commits within a statement or two, so the wait is short.
-SELECT true AS locked FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint);
+-- commits within a statement or two, so the wait is short. The fair claim that follows is
+-- planned once per connection, as limits_probe says.
+SELECT true AS locked
+  FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: task_claim_limited
 -- Claim tasks under a limit, after limits_try_lock, in the same transaction: this statement's
@@ -383,47 +386,68 @@ rotation AS (
            ) AS n
      WHERE r.key IS NOT NULL AND r.position < %(visit)s
 ),
-offered AS (
-    -- Each key's next tasks (at most the batch, or what its queue's per-key limit and the
-    -- queue's own limit leave); the unkeyed turn's next tasks, none of a limited type or
-    -- queue. row_number over a LATERAL ... LIMIT keeps the walk's order.
-    SELECT r.queue, r.priority, r.key, r.position, h.id, h.type, h.created_at,
-           row_number() OVER (PARTITION BY r.queue, r.priority, r.key
-                              ORDER BY h.created_at, h.id) AS round
-      FROM rotation AS r, clock
-     CROSS JOIN LATERAL (
-           SELECT id, type, created_at FROM pgqueue.tasks
-            WHERE status = 'queued' AND concurrency_key IS NOT NULL
-              AND queue = r.queue AND priority = r.priority AND concurrency_key = r.key
-              AND visible_after <= clock.now
-              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
-            ORDER BY created_at, id
-            LIMIT greatest(0, least(
+turns AS MATERIALIZED (
+    -- Each key's turn, and how many tasks it may offer: the least of the batch and of what its
+    -- queue's per-key limit and the queue's own limit leave. The unkeyed turn offers none
+    -- where its queue has a limit (task_claim_limited claims those).
+    SELECT r.queue, r.priority, r.key, r.position,
+           CASE WHEN r.key = '' THEN
+                CASE WHEN EXISTS (SELECT 1 FROM room AS q
+                                   WHERE q.kind = 'queue' AND q.name = r.queue)
+                     THEN 0 ELSE %(limit)s END
+           ELSE greatest(0, least(
                 %(limit)s,
                 (SELECT q.per_key - (SELECT count(*) FROM running AS x
                                       WHERE x.queue = r.queue AND x.concurrency_key = r.key)
                    FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue),
                 (SELECT q.room FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue)))
+           END AS room
+      FROM rotation AS r
+     WHERE r.key IS NOT NULL
+),
+depth AS (
+    -- Per priority: with keys enough to fill the batch one task each, each offers one (its
+    -- next); with fewer, each offers what it may, so that no slot is left idle for want of a
+    -- turn, and a priority's few keys fill the batch before any lower priority's.
+    SELECT priority,
+           CASE WHEN count(*) FILTER (WHERE room > 0) < %(limit)s THEN %(limit)s ELSE 1 END
+               AS per_turn
+      FROM turns
+     GROUP BY priority
+),
+offered AS (
+    -- Each key's next tasks; the unkeyed turn's next tasks, none of a limited type.
+    -- row_number over a LATERAL ... LIMIT keeps the walk's order.
+    SELECT t.queue, t.priority, t.key, t.position, h.id, h.type, h.created_at,
+           row_number() OVER (PARTITION BY t.queue, t.priority, t.key
+                              ORDER BY h.created_at, h.id) AS round
+      FROM turns AS t JOIN depth USING (priority), clock
+     CROSS JOIN LATERAL (
+           SELECT id, type, created_at FROM pgqueue.tasks
+            WHERE status = 'queued' AND concurrency_key IS NOT NULL
+              AND queue = t.queue AND priority = t.priority AND concurrency_key = t.key
+              AND visible_after <= clock.now
+              AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
+            ORDER BY created_at, id
+            LIMIT least(t.room, depth.per_turn)
            ) AS h
-     WHERE r.key <> ''
+     WHERE t.key <> '' AND t.room > 0
     UNION ALL
-    SELECT r.queue, r.priority, r.key, r.position, h.id, h.type, h.created_at,
-           row_number() OVER (PARTITION BY r.queue, r.priority ORDER BY h.created_at, h.id)
-      FROM rotation AS r, clock
+    SELECT t.queue, t.priority, t.key, t.position, h.id, h.type, h.created_at,
+           row_number() OVER (PARTITION BY t.queue, t.priority ORDER BY h.created_at, h.id)
+      FROM turns AS t JOIN depth USING (priority), clock
      CROSS JOIN LATERAL (
            SELECT id, type, created_at FROM pgqueue.tasks
             WHERE status = 'queued' AND concurrency_key IS NULL
-              AND queue = r.queue AND priority = r.priority
+              AND queue = t.queue AND priority = t.priority
               AND visible_after <= clock.now
               AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
               AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
                                WHERE l.kind = 'type' AND l.name = tasks.type)
             ORDER BY created_at, id
-            LIMIT %(limit)s
+            LIMIT least(t.room, depth.per_turn)
            ) AS h
-     WHERE r.key = ''
-       AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                        WHERE l.kind = 'queue' AND l.name = r.queue)
+     WHERE t.key = '' AND t.room > 0
 ),
 per_queue_key AS (
     -- A key's tasks at every priority share its queue's per-key room, highest first.

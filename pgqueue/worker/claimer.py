@@ -35,10 +35,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pgqueue.key_rotation import KeyRotation
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask
 from pgqueue.queries.claiming import ClaimStarts as Starts
-from pgqueue.queries.claiming import claim_round, lease_starts_mark, task_claim
+from pgqueue.queries.claiming import (
+    LimitsProbe,
+    claim_round,
+    lease_starts_mark,
+    limits_probe,
+    task_claim,
+)
 from pgqueue.queries.dependencies import task_parents_many
 from pgqueue.queries.driver import arun
 from pgqueue.queries.leased import task_heartbeat
@@ -46,7 +53,6 @@ from pgqueue.queries.task_types import TypeDeclaration, task_types_declare
 from pgqueue.worker.claim_starts import ClaimStarts
 from pgqueue.worker.config import WorkerConfig
 from pgqueue.worker.database import Database
-from pgqueue.worker.key_rotation import KeyRotation
 from pgqueue.worker.metrics import WorkerMetrics
 from pgqueue.worker.state import Slots, StopRequest
 
@@ -103,6 +109,7 @@ class Claimer:
         rescan = 0.0 if adaptive else config.poll_interval
         self.starts = ClaimStarts(rescan, config.lease_seconds)
         self.rotation = KeyRotation()
+        self._keyed = False  # keyed tasks waited at the last look
 
     async def run(self) -> None:
         cfg = self._config
@@ -119,9 +126,11 @@ class Claimer:
                 continue
             if self._stop.stopping:
                 break
-            if len(claimed) == want:
+            if len(claimed) == want or (claimed and self._keyed):
+                # Probably more waiting; or keys are taking turns, and a claim that visited
+                # as many keys as it may can leave tasks of keys further on.
                 self.polls.found()
-                continue  # probably more waiting
+                continue
             await self._sleep_or_wake(self.polls.after(len(claimed)))
 
     def free_slots(self) -> int:
@@ -212,7 +221,10 @@ class Claimer:
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         """The ordinary claim alone where no limit and no keyed task was seen at the last
         look; otherwise claim_round, in a transaction of its own (it probes, takes the limits
-        lock where it must, and claims under the limits and in turns of the keys)."""
+        lock where it must, and claims under the limits and in turns of the keys). After an
+        ordinary claim that found fewer tasks than it asked for, a look (a probe without the
+        lock, outside any transaction) and, if keyed or limited tasks wait, a claim round for
+        the rest."""
         cfg = self._config
         args: dict[str, Any] = {
             "queues": cfg.queues,
@@ -226,15 +238,25 @@ class Claimer:
             return await self._claim_round(conn, args, now)
         claimed = await arun(conn, task_claim(**args))
         if len(claimed) < want and now - self._limits_checked >= SHORTFALL_RECHECK_SECONDS:
-            args["limit"] = want - len(claimed)
-            claimed += await self._claim_round(conn, args, now)
+            probe = await arun(conn, limits_probe(cfg.queues))
+            self._note(probe, now)
+            if probe.keyed or probe.waiting:
+                args["limit"] = want - len(claimed)
+                claimed += await self._claim_round(conn, args, now, probed=probe)
         return claimed
 
-    async def _claim_round(self, conn: Any, args: dict[str, Any], now: float) -> list[ClaimedTask]:
-        round_ = claim_round(**args, rotation=self.rotation.current())
-        claimed, probe_again = await arun(conn, round_, atomic=True)
-        self._slots.limited, self._limits_checked = probe_again, now
+    async def _claim_round(
+        self, conn: Any, args: dict[str, Any], now: float, probed: LimitsProbe | None = None
+    ) -> list[ClaimedTask]:
+        round_ = claim_round(**args, rotation=self.rotation.current(), probed=probed)
+        claimed, probe = await arun(conn, round_, atomic=True)
+        self._note(probe, now)
         return claimed
+
+    def _note(self, probe: LimitsProbe, now: float) -> None:
+        """What the last look found: with limits or keyed tasks, every claim looks again."""
+        self._slots.limited, self._limits_checked = probe.limited or probe.keyed, now
+        self._keyed = probe.keyed
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

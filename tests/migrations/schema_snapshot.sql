@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0014_waiting_index
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0015_concurrency_keys
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -23,14 +23,16 @@ CREATE TABLE pgqueue.limits (
     rate_limit integer,
     rate_period double precision,
     recent_starts timestamp with time zone[] NOT NULL DEFAULT '{}'::timestamp with time zone[],
-    updated_at timestamp with time zone NOT NULL DEFAULT now()
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    per_key_max_running integer
 );
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_kind_check CHECK ((kind = ANY (ARRAY['type'::text, 'queue'::text])));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_max_running_check CHECK ((max_running >= 0));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_per_key_check CHECK ((per_key_max_running >= 0));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_pkey PRIMARY KEY (kind, name);
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_rate_check CHECK ((((rate_limit IS NULL) = (rate_period IS NULL)) AND ((rate_limit >= 0) AND (rate_limit <= 10000)) AND (rate_period > (0)::double precision)));
-ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_some_check CHECK (((max_running IS NOT NULL) OR (rate_limit IS NOT NULL)));
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_some_check CHECK (((max_running IS NOT NULL) OR (rate_limit IS NOT NULL) OR (per_key_max_running IS NOT NULL)));
 CREATE UNIQUE INDEX limits_pkey ON pgqueue.limits USING btree (kind, name);
 
 CREATE TABLE pgqueue.pgqueue_alembic_version (
@@ -147,10 +149,12 @@ CREATE TABLE pgqueue.tasks (
     workflow_id uuid,
     parents_pending integer,
     cancelled_by uuid,
-    has_dependants boolean
+    has_dependants boolean,
+    concurrency_key text COLLATE "C"
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
+ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_concurrency_key_check CHECK (((length(concurrency_key) >= 1) AND (length(concurrency_key) <= 200))) NOT VALID;
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_lease_check CHECK (((status = 'running'::text) = ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_max_attempts_check CHECK ((max_attempts >= 1));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (id);
@@ -158,8 +162,9 @@ ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_priority_check CHECK (((priority 
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_queue_check CHECK (((length(queue) >= 1) AND (length(queue) <= 200)));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_status_check CHECK ((status = ANY (ARRAY['queued'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_type_check CHECK (((length(type) >= 1) AND (length(type) <= 200)));
-CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE (status = 'queued'::text);
-CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE (status = 'queued'::text);
+CREATE INDEX tasks_claim_idx ON pgqueue.tasks USING btree (queue, priority, created_at, id) WHERE ((status = 'queued'::text) AND (concurrency_key IS NULL));
+CREATE INDEX tasks_claim_key_idx ON pgqueue.tasks USING btree (queue, priority, concurrency_key, created_at, id) WHERE ((status = 'queued'::text) AND (concurrency_key IS NOT NULL));
+CREATE INDEX tasks_claim_type_idx ON pgqueue.tasks USING btree (type, queue, priority, created_at, id) WHERE ((status = 'queued'::text) AND (concurrency_key IS NULL));
 CREATE INDEX tasks_expiry_idx ON pgqueue.tasks USING btree (expires_at) WHERE ((status = 'queued'::text) AND (attempts = 0) AND (expires_at IS NOT NULL));
 CREATE UNIQUE INDEX tasks_idempotency_key_idx ON pgqueue.tasks USING btree (idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHERE (status = 'running'::text);
@@ -169,7 +174,7 @@ CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHE
 CREATE INDEX tasks_waiting_idx ON pgqueue.tasks USING btree (queue, priority) WHERE (status = 'waiting'::text);
 CREATE INDEX tasks_workflow_idx ON pgqueue.tasks USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 
--- pgqueue.backlog reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
+-- pgqueue.backlog reads pgqueue.tasks: concurrency_key, priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.backlog (
     queue text,
     priority text,
@@ -190,7 +195,15 @@ CREATE VIEW pgqueue.backlog (
             visible_after,
             ready_since
            FROM pgqueue.tasks
-          WHERE status = 'queued'::text
+          WHERE status = 'queued'::text AND concurrency_key IS NULL
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = 'queued'::text AND concurrency_key IS NOT NULL
         UNION ALL
          SELECT queue,
             priority,
@@ -229,7 +242,7 @@ CREATE VIEW pgqueue.dead_letters (
    FROM pgqueue.tasks
   WHERE status = 'failed'::text;
 
--- pgqueue.queue_depth reads pgqueue.tasks: priority, queue, ready_since, status, visible_after
+-- pgqueue.queue_depth reads pgqueue.tasks: concurrency_key, priority, queue, ready_since, status, visible_after
 CREATE VIEW pgqueue.queue_depth (
     queue text,
     priority text,
@@ -246,7 +259,45 @@ CREATE VIEW pgqueue.queue_depth (
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS ready,
     count(*) FILTER (WHERE status = 'queued'::text AND visible_after > now()) AS scheduled,
     now() - min(COALESCE(ready_since, visible_after)) FILTER (WHERE status = 'queued'::text AND visible_after <= now()) AS oldest_ready_age
-   FROM pgqueue.tasks
+   FROM ( SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = 'queued'::text AND concurrency_key IS NULL
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = 'queued'::text AND concurrency_key IS NOT NULL
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = 'running'::text
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = 'waiting'::text
+        UNION ALL
+         SELECT queue,
+            priority,
+            status,
+            visible_after,
+            ready_since
+           FROM pgqueue.tasks
+          WHERE status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text])) t
   GROUP BY queue, priority, status;
 
 -- pgqueue.running_tasks reads pgqueue.tasks: attempts, cancel_requested, id, lease_expires_at, lease_owner, max_attempts, priority, queue, started_at, status, type

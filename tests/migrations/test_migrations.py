@@ -243,6 +243,40 @@ def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade
 # --- idempotence and the version table ---------------------------------------------------------
 
 
+def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade_keeps_the_tasks(
+    empty_database_url: str,
+) -> None:
+    """The docstring's path for a large table (the README gives the same statements): the
+    column added and the three claim indexes built without blocking writes first, then the
+    revision finds them (IF NOT EXISTS), drops the old two and renames the new ones; a
+    downgrade keeps the tasks (their keys go with the column)."""
+    migrate.upgrade(empty_database_url, "0014_waiting_index")
+    execute(empty_database_url, "INSERT INTO pgqueue.tasks (type, payload) VALUES ('t', '{}')")
+    module = (REPO / "migrations" / "versions" / "0015_concurrency_keys.py").read_text()
+    docstring = module.split('"""')[1]
+    statements = re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", docstring)
+    assert len(statements) == 4, statements
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    for statement in statements:
+        assert " ".join(statement.split()) in readme, "README's Schema migrations lacks it"
+        execute(empty_database_url, statement)
+
+    migrate.upgrade(empty_database_url)
+
+    assert_matches_snapshot(empty_database_url)
+    assert rows(
+        empty_database_url,
+        "SELECT count(*) FROM pg_index WHERE indexrelid IN ('pgqueue.tasks_claim_idx'::regclass,"
+        " 'pgqueue.tasks_claim_type_idx'::regclass, 'pgqueue.tasks_claim_key_idx'::regclass)"
+        " AND indisvalid",
+    ) == [(3,)]
+
+    migrate.downgrade(empty_database_url, "0014_waiting_index")
+
+    assert regclass(empty_database_url, "pgqueue.tasks_claim_key_idx") is None
+    assert rows(empty_database_url, "SELECT type, status FROM pgqueue.tasks") == [("t", "queued")]
+
+
 def test_0011_finds_the_status_check_and_index_a_dba_replaced_by_hand(
     empty_database_url: str,
 ) -> None:

@@ -7,12 +7,14 @@ where the tasks without a key take their turn ('' here), then from the first key
 last key served is the last of the claimed tasks' keys in that order: the greatest key at or
 before the old start if the walk went round, else the greatest key after it.
 
-Each worker keeps its own rotation: claims are serialized by the limits lock, and every
-worker's rotation goes round all the keys, so each key gets a turn from each worker in turn.
+Each worker keeps its own rotation (pgqueue.claim, one per worker_id, in this process):
+claims are serialized by the limits lock, and every worker's rotation goes round all the
+keys, so each key gets a turn from each worker in turn.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from pgqueue.models import ClaimedTask
@@ -39,3 +41,18 @@ class KeyRotation:
             after = self._after.get(lane, "")
             went_round = [key for key in keys if key <= after]
             self._after[lane] = max(went_round) if went_round else max(keys)
+
+
+# pgqueue.claim's rotations, one per worker_id, the least recently used forgotten past this
+# many (a forgotten one starts again from the first key: fair still, over time).
+_REMEMBERED = 1024
+_rotations: OrderedDict[str, KeyRotation] = OrderedDict()
+
+
+def rotation_of(worker_id: str) -> KeyRotation:
+    """The rotation of a caller of pgqueue.claim that names itself ``worker_id``."""
+    rotation = _rotations.pop(worker_id, None) or KeyRotation()
+    _rotations[worker_id] = rotation
+    while len(_rotations) > _REMEMBERED:
+        _rotations.popitem(last=False)
+    return rotation
