@@ -35,7 +35,10 @@ def test_the_busiest_keys_panel_shows_running_and_ready_per_key(
 ) -> None:
     past = datetime.now(UTC) - timedelta(minutes=5)
     add_keyed(conn, "acme", 2, at=past)
-    assert len(pgqueue.claim(conn, ["default"], limit=2, worker_id="w")) == 2
+    claimed: list[pgqueue.ClaimedTask] = []
+    for _ in range(2):  # the keys take turns: a claim may take one of a key's tasks
+        claimed += pgqueue.claim(conn, ["default"], limit=2 - len(claimed), worker_id="w")
+    assert len(claimed) == 2
     add_keyed(conn, "acme", 3, at=past)
     add_keyed(conn, "whale", 1_200, queue="email", at=past)
     add_keyed(conn, HOSTILE_KEY, 1, at=past)
