@@ -314,22 +314,24 @@ SELECT * FROM claimed;
 
 -- name: task_claim_keyed
 -- The fair claim, when tasks with a concurrency key wait in the served queues: after
--- limits_probe has taken the limits lock (and task_claim_limited has run), in the same
--- transaction, so that
--- this statement's snapshot sees every claim committed before it and the per-key counts are
--- exact fleet-wide. It claims the keyed tasks and the unkeyed ones of the same queues (but for
--- those under a limit, which task_claim_limited took).
+-- limits_probe (or limits_lock) has taken the limits lock, and task_claim_limited has run, in
+-- the same transaction, so that this statement's snapshot sees every claim committed before
+-- it and the per-key counts are exact fleet-wide. It claims the keyed tasks and the unkeyed
+-- ones of the same queues (but for those under a limit, which task_claim_limited took).
 -- Strict priority first: every high task before any normal one. Within a queue and priority
 -- (a lane), the keys take turns: the rotation walks the keys with waiting tasks from the one
--- after where this claimer's previous claim stopped (after_key, '' for the beginning), one
--- probe of tasks_claim_key_idx each, round to the end, where the unkeyed tasks take their turn
--- as one more key (''), then from the first key up to where it started; at most `visit` keys.
--- Each key offers its next tasks in priority and claim order, no more than its room: the
--- least of the per-key limits of its queue and of the task's type (per_key_max_running minus
--- its tasks of that queue or type running now, expired leases included until swept), and of
--- the limits' own room (max_running and the rate, as task_claim_limited counts them). The
--- batch is then filled in rounds: the first task of every key in turn, then the second of
--- each, and so on (round, then position in the rotation).
+-- after where this claimer's previous claim stopped (the *_after parameters, '' for the
+-- beginning), one probe of tasks_claim_key_idx each, round to the end, where the unkeyed
+-- tasks take their turn as one more key (''), then from the first key up to where it
+-- started; at most `visit` keys per lane.
+-- Each key offers its next tasks in claim order (turns), one each where a priority has keys
+-- enough to fill the batch, else as many as it may (depth). Then every limit cuts what it
+-- must, in the fair order: a key's per-key room in its queue and for each task's type
+-- (per_key_max_running minus its tasks of that queue or type running now, expired leases
+-- included until swept), then each limited type's and queue's own room (max_running and the
+-- rate, as task_claim_limited counts them). The batch is filled in rounds: the first task of
+-- every key in turn, then the second of each, and so on (round, then position in the
+-- rotation).
 -- Committed without waiting for the WAL flush, as task_claim is.
 WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
                       set_config('synchronous_commit', 'off', true) AS async_commit),
