@@ -335,15 +335,17 @@ SELECT * FROM claimed;
 -- Committed without waiting for the WAL flush, as task_claim is.
 WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
                       set_config('synchronous_commit', 'off', true) AS async_commit),
-running AS MATERIALIZED (
-    SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
-),
 room AS MATERIALIZED (
-    -- Each limit's room (NULL: unbounded) and its per-key cap.
+    -- Each limit's room (NULL: unbounded) and its per-key cap. A max_running counts the
+    -- running tasks of its type or queue (the lease index); a per-key cap alone counts
+    -- nothing here: a key's running tasks are counted below, for the keys visited only,
+    -- from tasks_running_key_idx (the whole lease index is read only for a max_running).
     SELECT l.kind, l.name, l.per_key_max_running AS per_key,
-           least(l.max_running - (SELECT count(*) FROM running AS r
-                                   WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
-                                         = l.name),
+           least(CASE WHEN l.max_running IS NOT NULL THEN
+                     l.max_running - (SELECT count(*) FROM pgqueue.tasks AS r
+                                       WHERE r.status = 'running'
+                                         AND CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
+                                             = l.name) END,
                  l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
                                   WHERE s.at > clock.now - l.rate_period * interval '1 second'))
                AS room
@@ -399,8 +401,9 @@ turns AS MATERIALIZED (
                      THEN 0 ELSE %(limit)s END
            ELSE greatest(0, least(
                 %(limit)s,
-                (SELECT q.per_key - (SELECT count(*) FROM running AS x
-                                      WHERE x.queue = r.queue AND x.concurrency_key = r.key)
+                (SELECT q.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                      WHERE x.status = 'running' AND x.concurrency_key = r.key
+                                        AND x.queue = r.queue)
                    FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue),
                 (SELECT q.room FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue)))
            END AS room
@@ -459,8 +462,9 @@ per_queue_key AS (
               FROM offered AS o) AS o
       LEFT JOIN room AS q ON q.kind = 'queue' AND q.name = o.queue AND o.key <> ''
      WHERE q.per_key IS NULL
-        OR o.nth_key <= q.per_key - (SELECT count(*) FROM running AS x
-                                  WHERE x.queue = o.queue AND x.concurrency_key = o.key)
+        OR o.nth_key <= q.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                      WHERE x.status = 'running' AND x.concurrency_key = o.key
+                                        AND x.queue = o.queue)
 ),
 per_type_key AS (
     -- Each key's room under its task type's per-key limit, in the fair order.
@@ -471,8 +475,9 @@ per_type_key AS (
               FROM per_queue_key AS o) AS o
       LEFT JOIN room AS t ON t.kind = 'type' AND t.name = o.type AND o.key <> ''
      WHERE t.per_key IS NULL
-        OR o.nth_type_key <= t.per_key - (SELECT count(*) FROM running AS x
-                                  WHERE x.type = o.type AND x.concurrency_key = o.key)
+        OR o.nth_type_key <= t.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                           WHERE x.status = 'running'
+                                             AND x.concurrency_key = o.key AND x.type = o.type)
 ),
 per_type AS (
     -- Then each limited type's own room, and each limited queue's.
