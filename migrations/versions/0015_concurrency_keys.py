@@ -17,8 +17,9 @@ steps over a tenant's backlog of 100,000 keyed tasks to find the next unkeyed on
 id): the fair claim walks its keys one index probe each and reads each key's next tasks from
 it. ``tasks_running_key_idx`` holds the running tasks with a key, by key: the fair claim counts
 a visited key's running tasks from it, instead of reading every running task's lease entry
-(which a busy queue fills with entries of tasks done since the last vacuum). Statements that read every waiting task (the backlog view, the promotion, the queue list)
-read both indexes. A task without a key is written to the same number of indexes as before.
+(which a busy queue fills with entries of tasks done since the last vacuum). Statements that
+read every waiting task (the backlog view, the promotion, the queue list) read both claim
+indexes. A task without a key is written to the same number of indexes as before.
 
 Adding the column rewrites nothing (nullable, no default). On a large table build the new
 indexes beforehand, without blocking writes (the column first: that is instant); the
