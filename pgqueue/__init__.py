@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         FailOutcome,
         FailResult,
         KeyReuse,
+        KeyStats,
         Lease,
         Limit,
         LimitKind,
@@ -93,6 +94,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     )
     from pgqueue.operations import (
         backlog,
+        busiest_keys,
         cancel,
         cancel_leased,
         cancel_workflow,
@@ -209,6 +211,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "FailOutcome",
         "FailResult",
         "KeyReuse",
+        "KeyStats",
         "Lease",
         "Limit",
         "LimitKind",
@@ -230,6 +233,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "pgqueue.operations": (
         "backlog",
+        "busiest_keys",
         "cancel",
         "cancel_leased",
         "check_arguments",
@@ -344,6 +348,7 @@ __all__ = [
     "InvalidResult",
     "InvalidTaskState",
     "KeyReuse",
+    "KeyStats",
     "Lease",
     "LeaseLost",
     "Limit",
@@ -378,6 +383,7 @@ __all__ = [
     "WorkerConfig",
     "__version__",
     "backlog",
+    "busiest_keys",
     "cancel",
     "cancel_leased",
     "check_arguments",

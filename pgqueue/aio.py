@@ -23,6 +23,7 @@ count_dead_letters = _ops.count_dead_letters.aio
 queue_stats = _ops.queue_stats.aio
 overview = _ops.overview.aio
 backlog = _ops.backlog.aio
+busiest_keys = _ops.busiest_keys.aio
 oldest_snapshot = _ops.oldest_snapshot.aio
 run_schedule = _ops.run_schedule.aio
 list_schedules = _ops.list_schedules.aio

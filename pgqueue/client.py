@@ -136,6 +136,7 @@ class Client:
     discard = _in_transaction(operations.discard)
     queue_stats = _in_transaction(operations.queue_stats)
     backlog = _in_transaction(operations.backlog)
+    busiest_keys = _in_transaction(operations.busiest_keys)
     oldest_snapshot = _in_transaction(operations.oldest_snapshot)
     overview = _in_transaction(operations.overview)
     throughput_series = _in_transaction(operations.throughput_series)

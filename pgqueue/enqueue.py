@@ -25,6 +25,9 @@ from pgqueue.queries.specs import DEFAULT_RETRY as DEFAULT_RETRY
 from pgqueue.queries.specs import TaskSpec
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
+# The column's CHECK (migration 0015), so that a key too long is refused here, naming the
+# field, rather than by the server.
+MAX_CONCURRENCY_KEY_LENGTH = 200
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600
 
 
@@ -108,6 +111,12 @@ def check_name(field: str, value: object, *, max_length: int = config.MAX_NAME_L
     except UnicodeEncodeError:
         raise ValidationError(field, "must be valid Unicode (it has a lone surrogate)") from None
     return value
+
+
+def check_concurrency_key(value: object) -> str:
+    """A concurrency key (the tenant a task works for) by a name's rule, at most 200
+    characters: the one check of every surface that submits one."""
+    return check_name("concurrency_key", value, max_length=MAX_CONCURRENCY_KEY_LENGTH)
 
 
 def _has_nul(value: Any) -> bool:
@@ -222,6 +231,7 @@ def prepare(
     depends_on: Iterable[Any] | None = None,
     on_parent_failure: str = "cancel",
     workflow_id: uuid.UUID | str | None = None,
+    concurrency_key: str | None = None,
 ) -> TaskSpec:
     """Validate one task's arguments and build the row to insert; raises before any write.
 
@@ -231,12 +241,18 @@ def prepare(
     ``depends_on`` (issue 16): the task waits until these tasks (ids, handles, or prepared
     tasks of the same batch) are final; ``on_parent_failure`` "cancel" (it is cancelled when
     one fails or is cancelled) or "run" (a clean-up step: it runs once all are final).
-    ``workflow_id``: the workflow it belongs to."""
+    ``workflow_id``: the workflow it belongs to.
+
+    ``concurrency_key``: the tenant (account, customer) the task works for; workers claim the
+    keys of a queue in turns, and a limit's ``per_key_max_running`` caps how many of a key run
+    at once. None: no key (claimed in plain order). 1 to 200 characters, a name's rule."""
     check_name("type", type)
     if queue is not None:
         check_name("queue", queue)
     if idempotency_key is not None:
         check_name("idempotency_key", idempotency_key, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+    if concurrency_key is not None:
+        check_concurrency_key(concurrency_key)
     prio = None if priority is None else Priority.parse(priority)
     payload = {} if payload is None else payload
     payload_json = encode_payload(payload, max_payload_bytes)
@@ -299,21 +315,29 @@ def prepare(
         depends_on=parents,
         run_anyway=run_anyway,
         workflow_id=workflow,
+        concurrency_key=concurrency_key,
     )
 
 
-# The keys of a batch item that prepare_plain handles (enqueue_many's common case); an item
-# with any other option goes through prepare.
+# The keys of a batch item that prepare_plain handles (enqueue_many's common case), without
+# and with a concurrency key; an item with any other option goes through prepare.
 PLAIN_KEYS = frozenset({"type", "payload", "queue", "priority"})
+PLAIN_KEYED_KEYS = PLAIN_KEYS | {"concurrency_key"}
 
 
 def prepare_plain(
-    task_id: uuid.UUID, item: Mapping[str, Any], limit: int, names: set[str]
+    task_id: uuid.UUID,
+    item: Mapping[str, Any],
+    limit: int,
+    names: set[str],
+    concurrency_key: Any = None,
 ) -> TaskSpec:
     """What ``prepare(**item)`` returns, with ``task_id``, for a batch item of PLAIN_KEYS only
     (and "type"): the same checks in the same order with the same errors, without the
     options' checks it does not need. ``names``: the batch's names already checked (a name
-    is valid or not whatever field it is in), so a batch of one type checks it once."""
+    is valid or not whatever field it is in), so a batch of one type checks it once.
+    ``concurrency_key``: the item's, for an item of PLAIN_KEYED_KEYS (passed by the caller,
+    which looked at the item's keys anyway: an item without one costs no lookup more)."""
     type = item["type"]
     # Only a str is remembered (a subclass could compare equal to what it is not; anything
     # else is refused, if unhashable before the set sees it).
@@ -326,6 +350,8 @@ def prepare_plain(
         check_name("queue", queue)
         if queue.__class__ is str:
             names.add(queue)
+    if concurrency_key is not None:
+        check_concurrency_key(concurrency_key)
     priority = item.get("priority")
     prio = None if priority is None else Priority.parse(priority)
     payload = item.get("payload")
@@ -338,7 +364,7 @@ def prepare_plain(
     spec: TaskSpec = _new_spec(
         TaskSpec,
         (task_id, type, payload, payload_json, prio, queue, None, None, None, None, None, None,
-         0.0, None, None, (), False, None),
+         0.0, None, None, (), False, None, concurrency_key),
     )  # fmt: skip
     return spec
 

@@ -214,7 +214,8 @@ class TaskCancelled(TaskInterrupted):
         super().__init__(reason)
 
 
-ComparedField = Literal["type", "queue", "payload"]  # what a refused key reuse differs in
+# What a refused key reuse differs in.
+ComparedField = Literal["type", "queue", "payload", "concurrency_key"]
 
 
 class IdempotencyConflict(PgQueueError):
@@ -222,9 +223,10 @@ class IdempotencyConflict(PgQueueError):
     then (``key_reuse="refuse"``) rather than handed the original, as payment APIs do.
 
     A reuse that matches the original's type, queue and payload (JSON equality: key order and
-    spacing do not matter) is the same request retried and returns the original; this error
-    means at least one of them differs, and ``differing_fields`` says which, in the order
-    ``type``, ``queue``, ``payload``. ``task_id`` is the task that holds the key. In a batch,
+    spacing do not matter) and concurrency key is the same request retried and returns the
+    original (a queue or concurrency key left out matches any); this error means at least one
+    of them differs, and ``differing_fields`` says which, in the order ``type``, ``queue``,
+    ``payload``, ``concurrency_key``. ``task_id`` is the task that holds the key. In a batch,
     ``index`` is the refused item's position, and ``original_index`` the position of the
     earlier item of the same batch that holds the key, if one does (its ``task_id`` then names
     a task that was not written, since the whole batch is refused).
@@ -243,8 +245,11 @@ class IdempotencyConflict(PgQueueError):
         original_queue: str,
         index: int | None = None,
         original_index: int | None = None,
+        original_concurrency_key: str | None = None,
     ) -> None:
         named = f"type {original_type!r}, queue {original_queue!r}"
+        if original_concurrency_key is not None:
+            named += f", concurrency key {original_concurrency_key!r}"
         if original_index is None:
             where = f"task {task_id} ({named})"
         else:
@@ -254,13 +259,15 @@ class IdempotencyConflict(PgQueueError):
         super().__init__(
             f"idempotency key {idempotency_key!r} is already held by {where}, and {refused} "
             f"differs from it in {', '.join(differing_fields)}; {nothing} (key_reuse='refuse': "
-            "submit the same type, queue and payload to get the original back, or use a new key)"
+            "submit the same type, queue, payload and concurrency key to get the original back, or "
+            "use a new key)"
         )
         self.idempotency_key = idempotency_key
         self.task_id = task_id
         self.differing_fields = differing_fields
         self.original_type = original_type
         self.original_queue = original_queue
+        self.original_concurrency_key = original_concurrency_key
         self.index = index
         self.original_index = original_index
 

@@ -74,6 +74,8 @@ class TaskContext:
         # its workflow. A run-anyway step sees here which parents failed.
         self.parents: tuple[Parent, ...] = task.parents
         self.workflow_id: uuid.UUID | None = task.workflow_id
+        # The tenant the task works for, as submitted (None: no key).
+        self.concurrency_key: str | None = task.concurrency_key
         self.cancel_requested = False
         self.lease_lost = False
         self.timed_out = False

@@ -54,11 +54,59 @@ class TaskOptions:
     expires_in: float | None = None
     expires_at: datetime | None = None
     key_reuse: KeyReuse | None = None
+    concurrency_key: str | None = None
 
     def merged(self, other: TaskOptions) -> TaskOptions:
         """These options with ``other``'s given ones (not None) on top."""
         given = {f.name: getattr(other, f.name) for f in dataclasses.fields(other)}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+# How a function task's concurrency key is declared (``@tasks.task(concurrency_key=...)``): the
+# name of the parameter whose argument is the key, or a function of the call's arguments.
+KeyRule = str | Callable[..., str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConcurrencyKeyRule:
+    """A declared concurrency key, checked against the function at decoration time: a
+    parameter's name (and that parameter's default, for a call that leaves it out), or a
+    function called with the call's arguments."""
+
+    parameter: str | None = None
+    default: Any = None
+    function: Callable[..., str | None] | None = None
+    # The function's signature, to say which argument it cannot take (None: not readable).
+    signature: inspect.Signature | None = None
+
+    @classmethod
+    def declare(
+        cls, rule: object, fn: Callable[..., Any], parameters: Parameters, where: str
+    ) -> ConcurrencyKeyRule:
+        if callable(rule):
+            try:
+                signature = inspect.signature(rule)
+            except (TypeError, ValueError):  # some builtins have none
+                signature = None
+            return cls(function=rule, signature=signature)
+        if not isinstance(rule, str):
+            raise ValidationError(
+                "concurrency_key",
+                f"{where}: must be the name of a parameter of the function or a function of "
+                f"its arguments, not {type(rule).__name__}",
+            )
+        if rule == parameters.context:
+            raise ValidationError(
+                "concurrency_key", f"{where}: {rule!r} is the task's context, not an argument"
+            )
+        if rule not in parameters.order:
+            names = ", ".join(parameters.order) or "none"
+            raise ValidationError(
+                "concurrency_key",
+                f"{where}: {rule!r} is not a parameter of the function (its parameters: {names})",
+            )
+        default = inspect.signature(fn).parameters[rule].default
+        return cls(parameter=rule, default=None if default is inspect.Parameter.empty else default)
 
 
 def default_type_name(fn: Callable[..., Any]) -> str:
@@ -87,12 +135,14 @@ class TaskFunction(Generic[P, R]):
         declared: TaskOptions,
         timeout: float | None,
         call_options: TaskOptions | None = None,
+        concurrency_key: ConcurrencyKeyRule | None = None,
     ) -> None:
         self.fn = fn
         self.type = type
         self.parameters = parameters
         self.declared = declared
         self.timeout = timeout
+        self.concurrency_key_rule = concurrency_key
         self._options = declared.merged(call_options) if call_options else declared
         self.is_async = inspect.iscoroutinefunction(fn)
         # The parameters a positional argument can bind to, in order (not keyword-only ones).
@@ -126,10 +176,12 @@ class TaskFunction(Generic[P, R]):
         expires_in: float | None = None,
         expires_at: datetime | None = None,
         key_reuse: KeyReuse | str | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskFunction[P, R]:
         """The same task with these options for its enqueues, over the declared ones (per call
         > declared > the global default, field by field): those of ``pgqueue.enqueue``.
-        Validated when enqueued (``key_reuse`` at once)."""
+        ``concurrency_key`` is the key itself, over the one the declaration computes from the
+        arguments. Validated when enqueued (``key_reuse`` at once)."""
         given = TaskOptions(
             queue=queue,
             priority=None if priority is None else Priority.parse(priority),
@@ -141,6 +193,7 @@ class TaskFunction(Generic[P, R]):
             expires_in=expires_in,
             expires_at=expires_at,
             key_reuse=None if key_reuse is None else KeyReuse.parse(key_reuse),
+            concurrency_key=concurrency_key,
         )
         return TaskFunction(
             self.fn,
@@ -149,6 +202,7 @@ class TaskFunction(Generic[P, R]):
             declared=self.declared,
             timeout=self.timeout,
             call_options=self._options.merged(given),
+            concurrency_key=self.concurrency_key_rule,
         )
 
     # --- arguments -------------------------------------------------------------------------
@@ -219,10 +273,21 @@ class TaskFunction(Generic[P, R]):
 
         return function_step(self, args, kwargs)
 
-    def step_options(self) -> dict[str, Any]:
-        """The enqueue options a workflow step of this function takes (no idempotency key:
-        a task with parents cannot have one)."""
+    def step_options(
+        self, payload: Mapping[str, Any], receives: str | None = None
+    ) -> dict[str, Any]:
+        """The enqueue options a workflow step of this function takes, for a step of these
+        arguments (``receives``: the parameter left for the parents' results); no
+        idempotency key: a task with parents cannot have one."""
         o = self._options
+        rule = self.concurrency_key_rule
+        if o.concurrency_key is None and rule is not None and rule.parameter == receives:
+            raise ValidationError(
+                "concurrency_key",
+                f"{self.type}: the key's parameter {receives!r} receives the parents' results, "
+                "unknown when the workflow is written; give the step its key with "
+                ".options(concurrency_key=...)",
+            )
         return {
             "queue": o.queue,
             "priority": o.priority,
@@ -232,7 +297,39 @@ class TaskFunction(Generic[P, R]):
             "delay": o.delay,
             "expires_in": o.expires_in,
             "expires_at": o.expires_at,
+            "concurrency_key": self.concurrency_key_of(payload),
         }
+
+    def concurrency_key_of(self, arguments: Mapping[str, Any]) -> str | None:
+        """The concurrency key a call with these arguments (by parameter name) is submitted
+        with: the one given to ``.options``, else the declared one's, else None. Checked when
+        enqueued, as any key."""
+        given = self._options.concurrency_key
+        rule = self.concurrency_key_rule
+        if given is not None or rule is None:
+            return given
+        if rule.parameter is not None:
+            value = arguments.get(rule.parameter, rule.default)
+            return None if value is None else str(value)
+        assert rule.function is not None
+        args, kwargs = self._split(arguments, None, context=False)
+        name = getattr(rule.function, "__qualname__", repr(rule.function))
+        if rule.signature is not None:
+            try:
+                rule.signature.bind(*args, **kwargs)
+            except TypeError as exc:  # a workflow step's: the parents' results are not known
+                raise ValidationError(
+                    "concurrency_key",
+                    f"{self.type}: the key function {name} cannot take these arguments ({exc})",
+                ) from None
+        key = rule.function(*args, **kwargs)
+        if key is not None and not isinstance(key, str):
+            raise ValidationError(
+                "concurrency_key",
+                f"{self.type}: the key function {name} returned {type(key).__name__}, "
+                "not a str or None",
+            )
+        return key
 
     def _spec(self, payload: Mapping[str, Any], max_payload_bytes: int | None = None) -> TaskSpec:
         o = self._options
@@ -249,6 +346,7 @@ class TaskFunction(Generic[P, R]):
             expires_in=o.expires_in,
             expires_at=o.expires_at,
             max_payload_bytes=max_payload_bytes,
+            concurrency_key=self.concurrency_key_of(payload),
         )
 
     def bind(self, *args: P.args, **kwargs: P.kwargs) -> TaskSpec:
@@ -341,17 +439,27 @@ class TaskFunction(Generic[P, R]):
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
         payload = fill_parent_results(payload, ctx)
         check_arguments(self.parameters.description, payload)
+        return self._split(payload, ctx)
+
+    def _split(
+        self, payload: Mapping[str, Any], ctx: Any, *, context: bool = True
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments by name as the function takes them: positional-only ones by
+        position, the rest by keyword, and ``ctx`` for the context parameter (left out when
+        not ``context``: a key function, at enqueue, has no task yet)."""
         p = self.parameters
         kwargs = dict(payload)
         args: list[Any] = []
         for name in p.positional_only:
             if name == p.context:
+                if not context:
+                    break  # nothing to pass here, so nothing after it either
                 args.append(ctx)
             elif name in kwargs:
                 args.append(kwargs.pop(name))
             else:
                 break  # its default, and those after it
-        if p.context is not None and p.context not in p.positional_only:
+        if context and p.context is not None and p.context not in p.positional_only:
             kwargs[p.context] = ctx
         return args, kwargs
 
@@ -390,6 +498,7 @@ def declare(
     max_attempts: int | None,
     retry: RetryPolicy | None,
     timeout: float | None,
+    concurrency_key: KeyRule | None = None,
 ) -> TaskFunction[P, R]:
     """``fn`` as a TaskFunction, every declared option checked now (at import)."""
     if not callable(fn):
@@ -404,10 +513,15 @@ def declare(
         priority=None if priority is None else Priority.parse(priority),
         retry=_policy(retry, max_attempts),
     )
+    parameters = describe_parameters(fn, type_name)
+    rule = None
+    if concurrency_key is not None:
+        rule = ConcurrencyKeyRule.declare(concurrency_key, fn, parameters, type_name)
     return TaskFunction(
         fn,
         type=type_name,
-        parameters=describe_parameters(fn, type_name),
+        parameters=parameters,
         declared=declared,
         timeout=timeout,
+        concurrency_key=rule,
     )

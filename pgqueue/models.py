@@ -89,10 +89,11 @@ class KeyReuse(enum.StrEnum):
 
     - ``return`` (the default): insert nothing and return the original task, whatever was
       submitted this time.
-    - ``refuse``: return the original only when this submit has its type, queue and payload
-      (JSON equality); otherwise raise IdempotencyConflict, as payment APIs refuse a key
-      reused with other parameters. Other options (priority, run time, attempts) are not
-      compared: a retry may well compute another delay.
+    - ``refuse``: return the original only when this submit has its type, queue, payload
+      (JSON equality) and concurrency key (a queue or concurrency key left out is not
+      compared); otherwise raise IdempotencyConflict, as payment APIs refuse a key reused
+      with other parameters. Other options (priority, run time, attempts) are not compared:
+      a retry may well compute another delay.
     """
 
     RETURN = "return"
@@ -204,6 +205,9 @@ class Task:
     workflow_id: uuid.UUID | None = None
     parents_pending: int | None = None
     cancelled_by: uuid.UUID | None = None
+    # The tenant it works for (account, customer): workers claim the keys of a queue in
+    # turns, and per-key limits count by it. None: no key.
+    concurrency_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -237,6 +241,7 @@ class Task:
             workflow_id=row.get("workflow_id"),
             parents_pending=row.get("parents_pending"),
             cancelled_by=row.get("cancelled_by"),
+            concurrency_key=row.get("concurrency_key"),
         )
 
     @property
@@ -560,7 +565,13 @@ class Limit:
 
     ``max_running``: at most this many run at once across every worker. ``rate_limit`` per
     ``rate_period`` seconds: at most that many start in any window of that length (a sliding
-    window, not a fixed one). ``running`` and ``recent_starts`` are the current use, as read.
+    window, not a fixed one). ``per_key_max_running``: at most this many run at once per
+    concurrency key (a task without a key is not held by it).
+
+    The current use, as read: ``running`` and ``recent_starts``; ``keys_running``, how many
+    keys have tasks running under the limit, and ``keys_at_cap``, how many of them have
+    ``per_key_max_running`` running (or more, after the cap was lowered): the keys whose
+    next tasks wait for one of theirs to finish (0 without a per-key part).
     """
 
     kind: LimitKind
@@ -571,6 +582,29 @@ class Limit:
     updated_at: datetime | None = None
     running: int = 0
     recent_starts: int = 0
+    per_key_max_running: int | None = None
+    keys_running: int = 0
+    keys_at_cap: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyStats:
+    """How busy one concurrency key is in one queue now: ``running``, its tasks running
+    (expired leases included until swept), and ``ready``, its queued tasks due now. The
+    busiest keys are those with the most running + ready: what the key holds and what it
+    asks for, its share of the workers (scheduled tasks are not asked for yet).
+
+    ``ready_capped``: the key has 1,000 or more queued tasks, which is as far as pgqueue
+    counts a key's, so that one tenant's backlog costs no more than that to look at; ``ready``
+    is then those due among its first 1,000 in claim order (priority, then age): at least
+    that many are ready.
+    """
+
+    queue: str
+    key: str
+    running: int
+    ready: int
+    ready_capped: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

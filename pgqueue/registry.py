@@ -33,7 +33,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from pgqueue.cron import Cron, Schedule, zone
 from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
-from pgqueue.function_tasks import TaskFunction, declare
+from pgqueue.function_tasks import KeyRule, TaskFunction, declare
 from pgqueue.models import Priority, RetryPolicy
 from pgqueue.queries.task_types import TypeDeclaration
 
@@ -235,6 +235,7 @@ class TaskRegistry:
         timeout: float | None = None,
         executor: str | None = None,
         hard_timeout: float | None = None,
+        concurrency_key: KeyRule | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -250,6 +251,7 @@ class TaskRegistry:
         timeout: float | None = None,
         executor: str | None = None,
         hard_timeout: float | None = None,
+        concurrency_key: KeyRule | None = None,
     ) -> Any:
         """Declare a function with ordinary parameters as a task type (``@tasks.task`` or
         ``@tasks.task(...)``); see pgqueue.function_tasks.TaskFunction for what it gains.
@@ -260,6 +262,17 @@ class TaskRegistry:
         a task of it is submitted (library, CLI, HTTP) without its own: a worker records
         them in the database at start. ``timeout`` (seconds) fails an attempt that runs
         longer; ``executor`` and ``hard_timeout`` are :meth:`handler`'s.
+
+        ``concurrency_key`` gives each task of the function its concurrency key (the tenant
+        it works for, see ``pgqueue.enqueue``): the name of one of its parameters, whose
+        argument is the key (``str()`` of it; None, or a parameter left at a default of None:
+        no key), or a function called with the call's arguments as the task function is
+        (without the context; for a workflow step, without the parameter that receives the
+        parents' results: ``lambda account_id, **_: ...`` suits both), returning the key or
+        None. A name that is not a parameter is refused here. ``.options(concurrency_key=...)``
+        overrides it for a call. It applies where the call is bound, to ``enqueue``,
+        ``bind``, ``enqueue_many`` and ``s``: a submit by type name (``pgqueue.enqueue``, the
+        CLI, HTTP) gives its key itself.
         """
 
         def register(f: Callable[..., Any]) -> TaskFunction[..., Any]:
@@ -271,6 +284,7 @@ class TaskRegistry:
                 max_attempts=max_attempts,
                 retry=retry,
                 timeout=timeout,
+                concurrency_key=concurrency_key,
             )
             if declared.type in self._handlers:
                 raise ValueError(f"task type {declared.type!r} already has a handler")

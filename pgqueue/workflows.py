@@ -49,6 +49,7 @@ STEP_OPTIONS = frozenset(
         "retry",
         "expires_in",
         "expires_at",
+        "concurrency_key",
         "on_parent_failure",
     }
 )
@@ -185,9 +186,10 @@ def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
 def step(type: str, payload: Mapping[str, Any] | None = None, **options: Any) -> Step:
     """A workflow step of a task type by name (a ``handler(payload, ctx)`` type, or any type
     whose code is elsewhere), with ``pgqueue.enqueue``'s options: ``queue``, ``priority``,
-    ``max_attempts``, ``retry``, ``run_at``, ``delay``, ``expires_in``, ``expires_at``, and
-    ``on_parent_failure="run"`` for a clean-up step. It reads its parents' results in
-    ``ctx.parent_results``. Checked now (a trial ``prepare``), so a bad step fails here."""
+    ``max_attempts``, ``retry``, ``run_at``, ``delay``, ``expires_in``, ``expires_at``,
+    ``concurrency_key``, and ``on_parent_failure="run"`` for a clean-up step. It reads its
+    parents' results in ``ctx.parent_results``. Checked now (a trial ``prepare``), so a bad
+    step fails here."""
     checked = _check_options(options)
     prepare(type, payload, **checked)  # raises on a bad type, payload or option
     return Step(type, payload, checked)
@@ -199,7 +201,7 @@ def function_step(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ste
     one missing parameter: the first positional one they leave unbound, which receives the
     parents' results."""
     payload, receives, required = fn.partial_arguments(*args, **kwargs)
-    options = {k: v for k, v in fn.step_options().items() if v is not None}
+    options = {k: v for k, v in fn.step_options(payload, receives).items() if v is not None}
     prepare(fn.type, payload, **options)  # the options, checked now
     types = None if receives is None else fn.receiving_types(receives)
     return Step(fn.type, payload, options, receives, required, types)

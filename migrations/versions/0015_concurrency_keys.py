@@ -15,8 +15,11 @@ The claim indexes are split by whether a task has a key. ``tasks_claim_idx`` and
 steps over a tenant's backlog of 100,000 keyed tasks to find the next unkeyed one;
 ``tasks_claim_key_idx`` holds the keyed waiting tasks by (queue, priority, key, created_at,
 id): the fair claim walks its keys one index probe each and reads each key's next tasks from
-it. Statements that read every waiting task (the backlog view, the promotion, the queue list)
-read both indexes. A task without a key is written to the same number of indexes as before.
+it. ``tasks_running_key_idx`` holds the running tasks with a key, by key: the fair claim counts
+a visited key's running tasks from it, instead of reading every running task's lease entry
+(which a busy queue fills with entries of tasks done since the last vacuum). Statements that
+read every waiting task (the backlog view, the promotion, the queue list) read both claim
+indexes. A task without a key is written to the same number of indexes as before.
 
 Adding the column rewrites nothing (nullable, no default). On a large table build the new
 indexes beforehand, without blocking writes (the column first: that is instant); the
@@ -32,6 +35,8 @@ ones to the old names:
     CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_claim_key_idx ON pgqueue.tasks
         (queue, priority, concurrency_key, created_at, id)
         WHERE status = 'queued' AND concurrency_key IS NOT NULL;
+    CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_running_key_idx ON pgqueue.tasks
+        (concurrency_key) WHERE status = 'running' AND concurrency_key IS NOT NULL;
 
 (A CONCURRENTLY build that failed leaves an invalid index of that name: DROP INDEX
 CONCURRENTLY it, and build it again.)
@@ -125,6 +130,10 @@ def upgrade() -> None:
         (queue, priority, concurrency_key, created_at, id)
         WHERE status = 'queued' AND concurrency_key IS NOT NULL;
 
+    -- The running tasks with a key, by key: the fair claim counts each visited key's here.
+    CREATE INDEX IF NOT EXISTS tasks_running_key_idx ON pgqueue.tasks (concurrency_key)
+        WHERE status = 'running' AND concurrency_key IS NOT NULL;
+
     -- At most this many tasks of the limit's type or queue run at once per concurrency key.
     ALTER TABLE pgqueue.limits ADD COLUMN per_key_max_running integer;
     ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_per_key_check
@@ -176,6 +185,7 @@ def downgrade() -> None:
     ALTER TABLE pgqueue.limits DROP COLUMN per_key_max_running;
 
     DROP INDEX pgqueue.tasks_claim_key_idx;
+    DROP INDEX pgqueue.tasks_running_key_idx;
     CREATE INDEX tasks_claim_all_idx ON pgqueue.tasks (queue, priority, created_at, id)
         WHERE status = 'queued';
     DROP INDEX pgqueue.tasks_claim_idx;

@@ -20,6 +20,8 @@ class ApiMetrics:
     """One app's collectors; the gauges are filled from the database on each scrape."""
 
     def __init__(self) -> None:
+        """Every collector, declared with its help text: long, as a list of them is, and
+        clearer in one place than split by kind."""
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "pgqueue_api_requests_total",
@@ -89,6 +91,27 @@ class ApiMetrics:
             ["kind", "name"],
             registry=self.registry,
         )
+        self.limit_per_key = Gauge(
+            "pgqueue_limit_per_key_max_running",
+            "A limit's most tasks running at once per concurrency key across the fleet",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        self.limit_keys_at_cap = Gauge(
+            "pgqueue_limit_keys_at_cap",
+            "Concurrency keys with their per-key most tasks running under a limit now",
+            ["kind", "name"],
+            registry=self.registry,
+        )
+        # The busiest concurrency keys only (operations.DEFAULT_BUSIEST_KEYS of them): a key is
+        # a tenant, and a label per tenant would grow the series without bound.
+        self.key_tasks = Gauge(
+            "pgqueue_key_tasks",
+            "Tasks of the busiest concurrency keys (running + ready) by queue, key and state "
+            "(running, or ready: queued and due, counted up to 1000 per key)",
+            ["queue", "key", "state"],
+            registry=self.registry,
+        )
 
         # The oldest snapshot holding back vacuum of pgqueue.tasks (0 while none is), and the
         # threshold the dashboard and `pgqueue stats` warn at, for an alert rule to compare.
@@ -118,18 +141,23 @@ class ApiMetrics:
         depth: Iterable[models.QueueStats],
         queues: Iterable[models.QueueState],
         limits: Iterable[models.Limit],
+        keys: Iterable[models.KeyStats] = (),
     ) -> None:
-        """Replace the gauges with this reading, so that a queue or a limit gone since the
-        last scrape disappears rather than showing its last value for ever."""
+        """Replace the gauges with this reading, so that a queue, a limit or a key gone since
+        the last scrape (or no longer among the busiest) disappears rather than showing its
+        last value for ever."""
         self.depth.clear()
         self.ready.clear()
         self.oldest.clear()
         self.paused.clear()
+        self.key_tasks.clear()
         for gauge in (
             self.limit_max_running,
             self.limit_running,
             self.limit_rate,
             self.limit_recent_starts,
+            self.limit_per_key,
+            self.limit_keys_at_cap,
         ):
             gauge.clear()
         for x in limits:
@@ -140,6 +168,12 @@ class ApiMetrics:
             if x.rate_limit is not None and x.rate_period is not None:
                 self.limit_rate.labels(*target, f"{x.rate_period:g}").set(x.rate_limit)
                 self.limit_recent_starts.labels(*target).set(x.recent_starts)
+            if x.per_key_max_running is not None:
+                self.limit_per_key.labels(*target).set(x.per_key_max_running)
+                self.limit_keys_at_cap.labels(*target).set(x.keys_at_cap)
+        for k in keys:
+            self.key_tasks.labels(k.queue, k.key, "running").set(k.running)
+            self.key_tasks.labels(k.queue, k.key, "ready").set(k.ready)
         for q in queues:
             self.paused.labels(q.name).set(1 if q.paused else 0)
         for d in depth:

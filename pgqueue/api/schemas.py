@@ -18,7 +18,11 @@ from fastapi import Query
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from pgqueue import models
-from pgqueue.enqueue import MAX_DELAY_SECONDS, MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.enqueue import (
+    MAX_CONCURRENCY_KEY_LENGTH,
+    MAX_DELAY_SECONDS,
+    MAX_IDEMPOTENCY_KEY_LENGTH,
+)
 from pgqueue.models import MAX_ATTEMPTS, Parent, Task, WorkflowInfo
 from pgqueue.operations import DAY as _DAY
 from pgqueue.operations import MAX_RATE, MAX_RUNNING
@@ -71,10 +75,11 @@ class SubmitTask(BaseModel):
         "return",
         description="When the idempotency key is already used: 'return' answers 200 with the "
         "original task, whatever this request submits; 'refuse' does so only when this request "
-        "has the original's type, queue and payload (JSON equality: key order does not "
-        "matter), and otherwise answers 409 idempotency_conflict with the original's task_id "
-        "and the differing_fields. Other fields (priority, run time, attempts) are not "
-        "compared. Without an idempotency key it changes nothing.",
+        "has the original's type, queue, payload (JSON equality: key order does not matter) "
+        "and concurrency key (a queue or concurrency key left out is not compared), and "
+        "otherwise answers 409 idempotency_conflict with the original's task_id and the "
+        "differing_fields. Other fields (priority, run time, attempts) are not compared. "
+        "Without an idempotency key it changes nothing.",
     )
     # Strict, as the library is: a date-time string with an offset (not a Unix number), and an
     # integer (not "3", 2.0 or true).
@@ -98,18 +103,27 @@ class SubmitTask(BaseModel):
     expires_at: Annotated[AwareDatetime, BeforeValidator(_datetime_text)] | None = Field(
         None, description="As expires_in, an ISO 8601 date-time with a time zone offset."
     )
+    concurrency_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CONCURRENCY_KEY_LENGTH,
+        examples=["account-42"],
+        description="The tenant (account, customer) the task works for: workers take the keys "
+        "of a queue in turns, and a limit's per_key_max_running caps how many tasks of one key "
+        "run at once. null: no key.",
+    )
 
 
 class IdempotencyConflictOut(BaseModel):
     """The idempotency key is held by a task that differs from this request (``key_reuse``
     'refuse'): nothing was submitted. ``task_id`` is the original; ``differing_fields`` names
-    what differs, of type, queue and payload."""
+    what differs, of type, queue, payload and concurrency key."""
 
     error: Literal["idempotency_conflict"]
     message: str
     idempotency_key: str
     task_id: uuid.UUID
-    differing_fields: list[Literal["type", "queue", "payload"]]
+    differing_fields: list[Literal["type", "queue", "payload", "concurrency_key"]]
 
 
 class SubmitOut(BaseModel):
@@ -152,6 +166,9 @@ class SubmitOut(BaseModel):
         description="If no attempt has been spent by then, it is never run: cancelled with "
         "last_error 'expired'. null: never expires.",
     )
+    concurrency_key: str | None = Field(
+        None, description="The tenant the task works for, as submitted; null: no key."
+    )
 
     @staticmethod
     def fields_of(task: Task) -> dict[str, Any]:
@@ -177,6 +194,7 @@ class SubmitOut(BaseModel):
             "worker": task.lease_owner,
             "lease_expires_at": task.lease_expires_at,
             "expires_at": task.expires_at,
+            "concurrency_key": task.concurrency_key,
         }
 
     @classmethod
@@ -401,6 +419,19 @@ class OldestSnapshotOut(BaseModel):
     xid_age: int = Field(description="How many transactions ago its snapshot was taken.")
 
 
+class KeyStatsRow(BaseModel):
+    """A concurrency key in a queue: its tasks running and ready (queued and due) now."""
+
+    queue: str
+    key: str
+    running: int
+    ready: int
+    ready_capped: bool = Field(
+        description="The key has 1,000 or more queued tasks, counted no further: ready counts "
+        "those due among its first 1,000 in claim order, so at least that many are ready."
+    )
+
+
 class StatsOut(BaseModel):
     depth: list[DepthRow]
     throughput: list[ThroughputRow]
@@ -418,6 +449,11 @@ class StatsOut(BaseModel):
     )
     oldest_snapshot_warn_seconds: float = Field(
         default=60.0, description="The threshold of oldest_snapshot_warning."
+    )
+    busiest_keys: list[KeyStatsRow] = Field(
+        default_factory=list,
+        description="The busiest concurrency keys (running + ready), busiest first, at most "
+        "`keys` of them.",
     )
 
 
@@ -468,6 +504,13 @@ class LimitIn(BaseModel):
     max_running: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RUNNING)
     rate: Annotated[int, Strict()] | None = Field(None, ge=0, le=MAX_RATE)
     per_seconds: Annotated[float, Strict()] = Field(1.0, gt=0, le=MAX_RETENTION)
+    per_key_max_running: Annotated[int, Strict()] | None = Field(
+        None,
+        ge=0,
+        le=MAX_RUNNING,
+        description="At most this many running at once per concurrency key (tasks without a "
+        "key are not held by it).",
+    )
 
 
 class LimitOut(BaseModel):
@@ -476,8 +519,17 @@ class LimitOut(BaseModel):
     max_running: int | None
     rate: int | None
     per_seconds: float | None
+    per_key_max_running: int | None = None
     running: int = Field(description="Tasks running under the limit now.")
     recent_starts: int = Field(description="Starts within the rate window.")
+    keys_running: int = Field(
+        0, description="Concurrency keys with tasks running under the limit now."
+    )
+    keys_at_cap: int = Field(
+        0,
+        description="Of those, the keys with per_key_max_running running (their next tasks "
+        "wait); 0 without a per-key part.",
+    )
     updated_at: datetime | None
 
     @classmethod
@@ -488,8 +540,11 @@ class LimitOut(BaseModel):
             max_running=limit.max_running,
             rate=limit.rate_limit,
             per_seconds=limit.rate_period,
+            per_key_max_running=limit.per_key_max_running,
             running=limit.running,
             recent_starts=limit.recent_starts,
+            keys_running=limit.keys_running,
+            keys_at_cap=limit.keys_at_cap,
             updated_at=limit.updated_at,
         )
 

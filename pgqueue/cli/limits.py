@@ -10,13 +10,13 @@ import typer
 from pgqueue import operations as ops
 from pgqueue.cli.database import connection
 from pgqueue.cli.output import emit
-from pgqueue.cli.parsing import parse_duration, show_duration
+from pgqueue.cli.parsing import parse_count, parse_duration, show_duration
 from pgqueue.formatting import MISSING, table
 from pgqueue.models import Limit as LimitRow
 
 group = typer.Typer(
-    help="Limits on a task type or a queue, across every worker: how many run at once and how "
-    "many start per period.",
+    help="Limits on a task type or a queue, across every worker: how many run at once, how "
+    "many start per period, and how many run at once per concurrency key.",
     no_args_is_help=True,
 )
 
@@ -31,8 +31,11 @@ def _limit_dict(limit: LimitRow) -> dict[str, object]:
         "max_running": limit.max_running,
         "rate": limit.rate_limit,
         "per": limit.rate_period,
+        "per_key_max_running": limit.per_key_max_running,
         "running": limit.running,
         "recent_starts": limit.recent_starts,
+        "keys_running": limit.keys_running,
+        "keys_at_cap": limit.keys_at_cap,
         "updated_at": limit.updated_at.isoformat() if limit.updated_at else None,
     }
 
@@ -61,18 +64,36 @@ def limit_set(
             parser=parse_duration, metavar="DURATION", help="The rate's window (e.g. 1s, 1m)."
         ),
     ] = 1.0,
+    per_key_max_running: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N",
+            help="At most this many running at once per concurrency key (tenant), across "
+            "every worker, 0 to 1000000; tasks without a key are not held by it.",
+        ),
+    ] = None,
 ) -> None:
     """Limit a task type (--type) or a queue (--queue) across the whole fleet, in the
     database. The limit is set as a whole: a part left out is no limit of that kind."""
     with connection() as conn:
         limit = ops.set_limit(
-            conn, type=task_type, queue=queue, max_running=max_running, rate=rate, per=per
+            conn,
+            type=task_type,
+            queue=queue,
+            max_running=max_running,
+            rate=rate,
+            per=per,
+            # Read as the library and the HTTP API read it: 2.0 is not a count, and the
+            # range is the library's to say.
+            per_key_max_running=parse_count(per_key_max_running, "--per-key-max-running"),
         )
     parts = []
     if limit.max_running is not None:
         parts.append(f"at most {limit.max_running} running at once")
     if limit.rate_limit is not None:
         parts.append(f"at most {_rate_text(limit)} started")
+    if limit.per_key_max_running is not None:
+        parts.append(f"at most {limit.per_key_max_running} running at once per key")
     emit(_limit_dict(limit), f"{limit.kind.value} {limit.name!r}: " + ", ".join(parts))
 
 
@@ -88,14 +109,32 @@ def limit_clear(task_type: LimitType = None, queue: LimitQueue = None) -> None:
     )
 
 
+def _keys_at_cap_text(limit: LimitRow) -> str:
+    """Of the keys with tasks running under a per-key limit, those at their cap."""
+    if limit.per_key_max_running is None:
+        return MISSING
+    return f"{limit.keys_at_cap} of {limit.keys_running}"
+
+
 @group.command("list")
 def limit_list() -> None:
-    """Every limit, with the tasks running under it and its starts in the rate window."""
+    """Every limit, with the tasks running under it and its starts in the rate window. For a
+    per-key limit (PER KEY), KEYS AT CAP says how many of the keys with tasks running under
+    it are at that cap: their next tasks wait for one of theirs to finish."""
     with connection() as conn:
         limits = ops.list_limits(conn)
     human = (
         table(
-            ["KIND", "NAME", "MAX RUNNING", "RUNNING", "RATE", "STARTS IN WINDOW"],
+            [
+                "KIND",
+                "NAME",
+                "MAX RUNNING",
+                "RUNNING",
+                "RATE",
+                "STARTS IN WINDOW",
+                "PER KEY",
+                "KEYS AT CAP",
+            ],
             [
                 [
                     x.kind.value,
@@ -104,6 +143,8 @@ def limit_list() -> None:
                     x.running,
                     _rate_text(x),
                     MISSING if x.rate_limit is None else x.recent_starts,
+                    MISSING if x.per_key_max_running is None else x.per_key_max_running,
+                    _keys_at_cap_text(x),
                 ]
                 for x in limits
             ],

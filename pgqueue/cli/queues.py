@@ -35,18 +35,32 @@ def stats(
             "--window", min=1.0, metavar="SECONDS", help="Throughput over the last SECONDS."
         ),
     ] = 60.0,
+    keys: Annotated[
+        int,
+        typer.Option(
+            "--keys",
+            min=1,
+            max=ops.MAX_BUSIEST_KEYS,
+            metavar="N",
+            help="Show the N busiest concurrency keys (running + ready).",
+        ),
+    ] = ops.DEFAULT_BUSIEST_KEYS,
 ) -> None:
     """Queued, running, waiting and dead-lettered tasks by queue and priority, and throughput.
 
     Per queue and priority: queued tasks (ready or scheduled) with the oldest ready task's age,
     running ones, those waiting for their parents (a workflow's later steps) and dead letters;
     then tasks finished in the last minute (completed ones are counted there: counting all that
-    are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does)."""
+    are kept would read the whole table; SELECT * FROM pgqueue.queue_depth does); then, where
+    tasks have concurrency keys, the busiest keys (running + ready) with their tasks running and
+    ready (N+: the key has 1,000 or more queued tasks, counted no further, of which N are
+    ready)."""
     with connection() as conn:
         depth = ops.overview(conn)
         finished = ops.throughput(conn, window_seconds=window)
         paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
         held = ops.oldest_snapshot(conn)
+        busiest = ops.busiest_keys(conn, limit=keys)
     warn = config.snapshot_warn_seconds()
     parts = [
         table(
@@ -75,6 +89,18 @@ def stats(
         if finished
         else "none",
     ]
+    if busiest:  # only where tasks have keys: nothing to say to those that use none
+        parts += [
+            "",
+            "busiest concurrency keys (running + ready):",
+            table(
+                ["QUEUE", "KEY", "RUNNING", "READY"],
+                [
+                    [k.queue, k.key, k.running, f"{k.ready}+" if k.ready_capped else k.ready]
+                    for k in busiest
+                ],
+            ),
+        ]
     if paused:  # a growing backlog there is expected: say why before anyone wonders
         parts += ["", "paused (no worker claims from them): " + ", ".join(paused)]
     if held is not None and (held.seconds is None or held.seconds >= 1):
@@ -87,6 +113,7 @@ def stats(
             "paused_queues": paused,
             "oldest_snapshot": None if held is None else dataclasses.asdict(held),
             "oldest_snapshot_warning": held is not None and held.warns(warn),
+            "busiest_keys": [dataclasses.asdict(k) for k in busiest],
         },
         "\n".join(parts),
     )

@@ -119,8 +119,8 @@ TREE = (
     Entry(
         "limit",
         "limits",
-        "Limits on a task type or a queue, across every worker: how many run at once and how "
-        "many start per period.",
+        "Limits on a task type or a queue, across every worker: how many run at once, how "
+        "many start per period, and how many run at once per concurrency key.",
         group=True,
     ),
     Entry(

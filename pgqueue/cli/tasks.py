@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -19,6 +19,8 @@ from pgqueue.formatting import MISSING, key_values, table, timestamp
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, Task, TaskStatus
 
 commands = typer.Typer()
+
+T = TypeVar("T")
 
 
 def _json_text(value: Any, limit: int | None = None) -> str:
@@ -46,6 +48,8 @@ def describe(task: Task) -> str:
     ]
     if task.idempotency_key is not None:
         pairs.append(("idempotency key", task.idempotency_key))
+    if task.concurrency_key is not None:
+        pairs.append(("concurrency key", task.concurrency_key))
     pairs += [
         ("payload", _json_text(task.payload, 1000)),
         ("result", MISSING if task.result is None else _json_text(task.result, 1000)),
@@ -108,6 +112,17 @@ ExpiresAt = Annotated[
     str | None,
     typer.Option(
         "--expires-at", metavar="ISO8601", help="As --expires-in, a time with a timezone."
+    ),
+]
+
+
+ConcurrencyKey = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency-key",
+        metavar="KEY",
+        help="The tenant (account, customer) it works for: workers take the keys of a queue "
+        "in turns, and a limit's per-key maximum counts by it.",
     ),
 ]
 
@@ -188,6 +203,7 @@ def enqueue(
     ] = None,
     expires_in: ExpiresIn = None,
     expires_at: ExpiresAt = None,
+    concurrency_key: ConcurrencyKey = None,
 ) -> None:
     """Submit a task: its payload as --payload JSON, or a function task's arguments as --arg."""
     if delay is not None and run_at is not None:
@@ -195,14 +211,8 @@ def enqueue(
     if payload is not None and args:
         raise UsageProblem("give --payload or --arg, not both")
     data = parse_arguments(args) if args else parse_payload(payload or "{}")
-    try:
-        level = None if priority is None else Priority.parse(priority)
-    except ValidationError as exc:
-        raise typer.BadParameter(exc.reason, param_hint="'--priority'") from None
-    try:
-        reuse = KeyReuse.parse(key_reuse)
-    except ValidationError as exc:
-        raise typer.BadParameter(exc.reason, param_hint="'--key-reuse'") from None
+    level = None if priority is None else _parsed(Priority.parse, priority, "--priority")
+    reuse = _parsed(KeyReuse.parse, key_reuse, "--key-reuse")
     when = parse_time(run_at, "--run-at") if run_at is not None else None
     from pgqueue import operations as ops  # psycopg: not for `--help` and usage errors
 
@@ -223,8 +233,17 @@ def enqueue(
             key_reuse=reuse,
             expires_in=expires_in,
             expires_at=parse_time(expires_at, "--expires-at") if expires_at is not None else None,
+            concurrency_key=concurrency_key,
         )
     emit({**result.task.to_dict(), "created": result.created}, enqueued(result, idempotency_key))
+
+
+def _parsed(parse: Callable[[str], T], value: str, option: str) -> T:
+    """``parse(value)``, the library's refusal reported as a usage error of ``option``."""
+    try:
+        return parse(value)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.reason, param_hint=f"'{option}'") from None
 
 
 def enqueued(result: EnqueueResult, idempotency_key: str | None) -> str:

@@ -223,9 +223,10 @@
   }
 
   function clearData() {
-    for (const id of ["cards", "queues", "chart", "running", "failures", "tasks", "tasks-pager", "dead-letters", "dlq-pager", "task"]) {
+    for (const id of ["cards", "queues", "keys", "chart", "running", "failures", "tasks", "tasks-pager", "dead-letters", "dlq-pager", "task"]) {
       $(id).replaceChildren();
     }
+    $("keys-panel").hidden = true;
     for (const id of ["chart-summary", "running-summary", "tasks-summary", "dlq-summary", "dlq-count"]) {
       $(id).textContent = "";
     }
@@ -334,6 +335,7 @@
     ]);
     renderCards(stats, series);
     renderQueues(stats);
+    renderKeys(stats);
     renderChart(series);
     renderRunning(running.items);
     renderFailures(failures);
@@ -492,6 +494,30 @@
       { label: "" },
     ];
     fill($("queues"), table(columns, rows, "No tasks in any queue."));
+  }
+
+  function renderKeys(stats) {
+    // Shown only where tasks have concurrency keys: who holds the workers, who waits. A key
+    // with 1,000 or more queued tasks is counted no further: its ready count is a floor.
+    const keys = stats.busiest_keys || [];
+    $("keys-panel").hidden = !keys.length;
+    const rows = keys.map((k) =>
+      el(
+        "tr",
+        { "data-queue": k.queue, "data-key": k.key },
+        el("td", { "data-col": "queue" }, k.queue),
+        el("td", { "data-col": "key", title: k.key }, clip(k.key, 60)),
+        el("td", { class: "num", "data-col": "running" }, number(k.running)),
+        el("td", { class: "num", "data-col": "ready" }, `${number(k.ready)}${k.ready_capped ? "+" : ""}`),
+      ),
+    );
+    const columns = [
+      { label: "Queue" },
+      { label: "Key" },
+      { label: "Running", cls: "num" },
+      { label: "Ready", cls: "num" },
+    ];
+    fill($("keys"), table(columns, rows, "No task has a concurrency key."));
   }
 
   function niceMax(value) {

@@ -20,7 +20,7 @@ room              operations
 ``dependencies``  parents, children, workflow, cancel_workflow, wait_workflow
 ``waiting``       wait
 ``stats``         queue_stats, overview, backlog, throughput, throughput_series,
-                  recent_failures, oldest_snapshot
+                  recent_failures, busiest_keys, oldest_snapshot
 ``queues``        pause_queue, resume_queue, remove_queue, list_queues, set_queue_retention,
                   set_limit, clear_limit, list_limits, promote_aged, prune
 ``schedules``     run_schedule, list_schedules
@@ -86,8 +86,11 @@ from pgqueue.operations.queues import (
 )
 from pgqueue.operations.schedules import list_schedules, run_schedule
 from pgqueue.operations.stats import (
+    DEFAULT_BUSIEST_KEYS,
+    MAX_BUSIEST_KEYS,
     MAX_SERIES_MINUTES,
     backlog,
+    busiest_keys,
     oldest_snapshot,
     overview,
     queue_stats,
@@ -116,16 +119,19 @@ from pgqueue.operations.waiting import wait
 
 __all__ = [
     "DAY",
+    "DEFAULT_BUSIEST_KEYS",
     "DEFAULT_COMPLETED_RETENTION",
     "DEFAULT_DEAD_RETENTION",
     "DEFAULT_LEASE_SECONDS",
     "MAX_BATCH",
+    "MAX_BUSIEST_KEYS",
     "MAX_LEASE_SECONDS",
     "MAX_RATE",
     "MAX_RUNNING",
     "MAX_SERIES_MINUTES",
     "as_specs",
     "backlog",
+    "busiest_keys",
     "cancel",
     "cancel_leased",
     "cancel_workflow",

@@ -96,18 +96,25 @@ def limit_target(type: str | None, queue: str | None) -> tuple[LimitKind, str]:
 
 
 def limit_values(
-    max_running: int | None, rate: int | None, per: float
-) -> tuple[int | None, int | None, float | None]:
-    """Validated (max_running, rate_limit, rate_period); at least one limit must be given."""
-    for field, value, top in (("max_running", max_running, MAX_RUNNING), ("rate", rate, MAX_RATE)):
+    max_running: int | None, rate: int | None, per: float, per_key_max_running: int | None = None
+) -> tuple[int | None, int | None, float | None, int | None]:
+    """Validated (max_running, rate_limit, rate_period, per_key_max_running); at least one
+    limit must be given."""
+    for field, value, top in (
+        ("max_running", max_running, MAX_RUNNING),
+        ("rate", rate, MAX_RATE),
+        ("per_key_max_running", per_key_max_running, MAX_RUNNING),
+    ):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top
         ):
             raise ValidationError(field, f"must be an integer from 0 to {top}, not {value!r}")
-    if max_running is None and rate is None:
-        raise ValidationError("max_running", "give max_running, rate, or both")
+    if max_running is None and rate is None and per_key_max_running is None:
+        raise ValidationError(
+            "max_running", "give max_running, rate, per_key_max_running, or several"
+        )
     period = check_seconds("per", per) if rate is not None else None
-    return max_running, rate, period
+    return max_running, rate, period, per_key_max_running
 
 
 def retention_value(field: str, seconds: float | None) -> float | None:

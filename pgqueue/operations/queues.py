@@ -124,15 +124,21 @@ def set_limit(
     max_running: int | None = None,
     rate: int | None = None,
     per: float = 1.0,
+    per_key_max_running: int | None = None,
     now: datetime | None = None,
 ) -> Op[Limit]:
     """Limit the tasks of one ``type`` (or one ``queue``) across every worker: at most
-    ``max_running`` at once, at most ``rate`` starts in any ``per``-second window, or both.
-    The limit is set as a whole (a part left None is no limit of that kind) and is enforced
-    in the database, so it holds however many worker processes and hosts run; claims obey it
-    from the next one on. 0 stops the tasks without pausing the queue."""
+    ``max_running`` at once, at most ``rate`` starts in any ``per``-second window, at most
+    ``per_key_max_running`` at once per concurrency key (so that one tenant's backlog cannot
+    take every slot), or any of them together. The limit is set as a whole (a part left None
+    is no limit of that kind) and is enforced in the database, so it holds however many
+    worker processes and hosts run; claims obey it from the next one on. 0 stops the tasks
+    (with ``per_key_max_running``, the tasks that have a key) without pausing the queue.
+    ``max_running`` and ``per_key_max_running`` are integers from 0 to 1,000,000, ``rate``
+    from 0 to 10,000."""
     kind, name = limit_target(type, queue)
-    return queues.limit_set(kind, name, *limit_values(max_running, rate, per), now)
+    values = limit_values(max_running, rate, per, per_key_max_running)
+    return queues.limit_set(kind, name, *values, now=now)
 
 
 @operation
@@ -144,7 +150,8 @@ def clear_limit(*, type: str | None = None, queue: str | None = None) -> Op[bool
 
 @operation
 def list_limits(*, now: datetime | None = None) -> Op[list[Limit]]:
-    """Every limit, with the tasks running under it and its starts in the rate window."""
+    """Every limit, with the tasks running under it, its starts in the rate window, and its
+    concurrency keys with tasks running and at their per-key cap."""
     return queues.limit_list(now)
 
 

@@ -1,5 +1,6 @@
 """What the queues look like, for people and monitors: depth, backlog, throughput, recent
-failures, the dashboard's series, the oldest snapshot holding back cleanup. Reads only.
+failures, the dashboard's series, the busiest concurrency keys, the oldest snapshot holding
+back cleanup. Reads only.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from datetime import datetime
 
 from pgqueue.models import (
     Failure,
+    KeyStats,
     OldestSnapshot,
     QueueBacklog,
     QueueStats,
@@ -82,3 +84,19 @@ def throughput(
 ) -> Op[list[QueueThroughput]]:
     """Per queue, the tasks completed and dead-lettered in the last ``window_seconds``."""
     return stats.queue_throughput(check_window(window_seconds), now)
+
+
+DEFAULT_BUSIEST_KEYS = 10
+MAX_BUSIEST_KEYS = 100  # a dashboard's table, a bounded set of metric labels
+
+
+@operation
+def busiest_keys(
+    *, limit: int = DEFAULT_BUSIEST_KEYS, now: datetime | None = None
+) -> Op[list[KeyStats]]:
+    """The ``limit`` (at most 100) busiest concurrency keys now, busiest first: per queue and
+    key, its tasks running and its tasks ready (queued and due), ranked by running + ready,
+    the share of the workers it holds and asks for. A key with 1,000 or more queued tasks is
+    counted to 1,000 (``ready_capped``), so this costs about the number of keys with tasks
+    waiting, never the length of one key's backlog, and may be asked every few seconds."""
+    return stats.key_busiest(check_limit(limit, "limit", MAX_BUSIEST_KEYS), now)

@@ -11,7 +11,9 @@ from typing import Any
 
 from pgqueue import arguments, config, tracing
 from pgqueue.enqueue import (
+    PLAIN_KEYED_KEYS,
     PLAIN_KEYS,
+    check_concurrency_key,
     check_name,
     encode_payload,
     new_task_ids,
@@ -45,6 +47,9 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
             prepared = True
         elif item.__class__ is dict and "type" in item and item.keys() <= PLAIN_KEYS:
             out.append(prepare_plain(next(ids), item, limit, names))
+        elif item.__class__ is dict and "type" in item and item.keys() <= PLAIN_KEYED_KEYS:
+            key = item["concurrency_key"]
+            out.append(prepare_plain(next(ids), item, limit, names, key))
         elif isinstance(item, Mapping):
             if "type" not in item:
                 raise ValidationError("type", "is required")
@@ -85,14 +90,18 @@ def enqueue(
     Options: ``priority`` ('high', 'normal', 'low'), ``queue``, ``idempotency_key``,
     ``run_at`` (aware datetime) or ``delay`` (seconds), ``max_attempts``, ``retry`` (a
     RetryPolicy), ``expires_in`` (seconds) or ``expires_at`` (aware datetime): if no attempt
-    has been spent by then, the task never runs and ends cancelled, reason ``expired``. Left
+    has been spent by then, the task never runs and ends cancelled, reason ``expired``;
+    ``concurrency_key``, the tenant (account, customer) it works for, 1 to 200 characters:
+    workers claim the keys of a queue in turns, so one tenant's backlog does not hold up the
+    others, and a limit's ``per_key_max_running`` caps how many of one key run at once. Left
     out (or None), the priority, queue and retry policy are the type's declaration (recorded
-    by workers at start), else 'normal', 'default' and 3 attempts. With an idempotency key
-    that was already used, nothing is inserted and the original task comes back with
-    ``created=False``, whatever was submitted this time; with ``key_reuse="refuse"``, only if
-    this submit has the original's type, queue (when given) and payload (JSON equality), else
-    IdempotencyConflict is raised, naming the original and the fields that differ. Nothing is
-    written then, and the transaction is still usable.
+    by workers at start), else 'normal', 'default' and 3 attempts; no concurrency key is no
+    key. With an idempotency key that was already used, nothing is inserted and the original
+    task comes back with ``created=False``, whatever was submitted this time; with
+    ``key_reuse="refuse"``, only if this submit has the original's type, queue (when given),
+    payload (JSON equality) and concurrency key (when given), else IdempotencyConflict is
+    raised, naming the original and the fields that differ. Nothing is written then, and the
+    transaction is still usable.
 
     ``notify=False`` sends no NOTIFY to wake idle workers (they find the task at their next
     poll): many producers committing at once then do not queue for the lock a NOTIFY takes
@@ -160,6 +169,8 @@ def enqueue_columns(
     retry: RetryPolicy | None = None,
     expires_in: float | None = None,
     expires_at: datetime | None = None,
+    concurrency_key: str | None = None,
+    concurrency_keys: Iterable[str | None] | None = None,
     now: datetime | None = None,
     notify: bool | None = None,
 ) -> Op[list[uuid.UUID]]:
@@ -172,7 +183,9 @@ def enqueue_columns(
     caller's transaction (all or nothing even on an autocommit connection). No Task objects
     are made: a fraction of enqueue_many's cost per task. The options are enqueue's (left
     out, the type's declaration applies); an idempotency key or parents need enqueue_many.
-    ``notify`` is enqueue's.
+    ``concurrency_key`` is one for all; ``concurrency_keys`` instead gives each task its own
+    (a column as long as ``payloads``, None for a task without one), each checked as
+    enqueue checks one. ``notify`` is enqueue's.
     """
     template = prepare(
         type,
@@ -185,6 +198,7 @@ def enqueue_columns(
         retry=retry,
         expires_in=expires_in,
         expires_at=expires_at,
+        concurrency_key=concurrency_key,
     )
     if isinstance(payloads, str | bytes | Mapping) or not isinstance(payloads, Iterable):
         raise ValidationError(
@@ -192,18 +206,51 @@ def enqueue_columns(
         )
     limit = config.max_payload_bytes()
     encoded = [encode_payload({} if p is None else p, limit) for p in payloads]
-    return _insert_columns(template, encoded, now, notify)
+    keys = None
+    if concurrency_keys is not None:
+        keys = _key_column(concurrency_keys, len(encoded), concurrency_key)
+    return _insert_columns(template, encoded, now, notify, keys)
+
+
+def _key_column(
+    keys: Iterable[str | None], count: int, one_for_all: str | None
+) -> list[str | None]:
+    """``concurrency_keys`` checked: a column of ``count`` keys (or None), each by
+    check_concurrency_key, an error naming its position."""
+    field = "concurrency_keys"
+    if one_for_all is not None:
+        raise ValidationError(
+            field, "give concurrency_key (one for all) or concurrency_keys (one each), not both"
+        )
+    if isinstance(keys, str | bytes | Mapping) or not isinstance(keys, Iterable):
+        raise ValidationError(field, f"must be a list of keys (str or None), not {_kind(keys)}")
+    column = list(keys)
+    if len(column) != count:
+        raise ValidationError(field, f"has {len(column)} keys for {count} payloads")
+    for i, key in enumerate(column):
+        if key is not None:
+            try:
+                check_concurrency_key(key)
+            except ValidationError as exc:
+                raise ValidationError(field, f"item {i} {exc.reason}") from None
+    return column
 
 
 def _insert_columns(
-    template: TaskSpec, payloads: list[str], now: datetime | None, notify: bool | None
+    template: TaskSpec,
+    payloads: list[str],
+    now: datetime | None,
+    notify: bool | None,
+    concurrency_keys: list[str | None] | None = None,
 ) -> Op[list[uuid.UUID]]:
     if not payloads:
         return []
     ids = new_task_ids(len(payloads))
     queue = template.queue or "(declared)"
     with tracing.submit_span(template.type, queue, count=len(ids)) as trace_context:
-        yield from submitting.task_copy_columns(template, ids, payloads, now, trace_context, notify)
+        yield from submitting.task_copy_columns(
+            template, ids, payloads, now, trace_context, notify, concurrency_keys
+        )
     return ids
 
 

@@ -65,7 +65,8 @@ def queue_remove(name: str) -> Op[bool]:
 
 
 def queue_known(name: str) -> Op[bool]:
-    # Planned each time: its generic plan reads the finished tasks by a sequential scan.
+    # Planned each time: asked rarely (before a pause or a retention), and a generic plan of
+    # it once read the finished tasks by a sequential scan.
     rows = yield Query("queue_known", {"name": name}, prepare=False)
     return bool(rows[0]["known"])
 
@@ -105,6 +106,7 @@ def limit_set(
     max_running: int | None,
     rate_limit: int | None,
     rate_period: float | None,
+    per_key_max_running: int | None = None,
     now: datetime | None = None,
 ) -> Op[Limit]:
     rows = yield Query(
@@ -115,6 +117,7 @@ def limit_set(
             "max_running": max_running,
             "rate_limit": rate_limit,
             "rate_period": rate_period,
+            "per_key_max_running": per_key_max_running,
             "now": now,
         },
     )

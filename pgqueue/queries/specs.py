@@ -52,6 +52,8 @@ class TaskSpec(NamedTuple):
     depends_on: tuple[uuid.UUID, ...] = ()
     run_anyway: bool = False
     workflow_id: uuid.UUID | None = None
+    # The tenant it works for (None: no key): the fair claim's turns and per-key limits.
+    concurrency_key: str | None = None
 
 
 # The retry policy of a task whose caller and type declared none.
@@ -118,6 +120,7 @@ def _inserted(
             "workflow_id": None,
             "parents_pending": None,
             "cancelled_by": None,
+            "concurrency_key": spec.concurrency_key,
         },
     )
 
@@ -148,6 +151,7 @@ def _spec_columns(specs: Sequence[TaskSpec]) -> dict[str, list[Any]]:
         "explicits": [_explicit(s) for s in specs],
         "expires_ats": [s.expires_at for s in specs],
         "expires_ins": [s.expires_in for s in specs],
+        "concurrency_keys": [s.concurrency_key for s in specs],
     }
 
 

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from pgqueue.models import (
     Failure,
+    KeyStats,
     OldestSnapshot,
     Priority,
     QueueBacklog,
@@ -18,6 +19,17 @@ from pgqueue.models import (
     ThroughputPoint,
 )
 from pgqueue.queries.driver import Op, Query
+
+# How many queued tasks of a key (at one priority) are counted: past it, a key costs no more.
+KEY_COUNT_CAP = 1000
+
+
+def key_busiest(
+    limit: int, now: datetime | None = None, cap: int = KEY_COUNT_CAP
+) -> Op[list[KeyStats]]:
+    """The ``limit`` busiest concurrency keys (running + ready), busiest first."""
+    rows = yield Query("key_busiest", {"limit": limit, "cap": cap, "now": now})
+    return [KeyStats(**r) for r in rows]
 
 
 def queue_backlog(queues: Sequence[str] | None = None) -> Op[list[QueueBacklog]]:

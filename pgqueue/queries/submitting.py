@@ -42,8 +42,9 @@ def task_insert(
     notify: bool | None = None,
 ) -> Op[tuple[Task, bool]]:
     """Insert one task; ``trace_context``: the submitting span's W3C context (pgqueue.tracing).
-    A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue or
-    payload, raises IdempotencyConflict (no SQL error: the transaction stays usable)."""
+    A taken key returns its task, or, with ``key_reuse`` REFUSE and another type, queue,
+    payload or concurrency key, raises IdempotencyConflict (no SQL error: the transaction
+    stays usable)."""
     notify = pooling.resolve_notify(notify)
     if _in_graph(spec):
         (task,) = yield from task_insert_dependent([spec], now, trace_context, notify=notify)
@@ -69,6 +70,7 @@ def task_insert(
             "expires_at": spec.expires_at,
             "expires_in": spec.expires_in,
             "workflow_id": spec.workflow_id,  # read by task_insert only (a keyed root task)
+            "concurrency_key": spec.concurrency_key,
             "notify": notify,
             **_defaults(),
         },
@@ -116,14 +118,21 @@ def _refuse_if_different(
     batch: Mapping[uuid.UUID, int] | None = None,
 ) -> None:
     """Raise IdempotencyConflict when ``holder`` (a task_get_by_keys_compared row) is not what
-    ``spec`` submitted: another type, queue or payload. ``batch`` maps the ids this batch
-    inserted to their positions, to say when the holder is an earlier item of it."""
+    ``spec`` submitted: another type, queue, payload or concurrency key. ``batch`` maps the ids
+    this batch inserted to their positions, to say when the holder is an earlier item of it."""
     # A submit that gave no queue asks for the type's declared one, which is what
-    # placed the holder too when it gave none: only a queue given is compared.
+    # placed the holder too when it gave none: only a queue given is compared. So is a
+    # concurrency key: idempotency keys are global, and one reused for another tenant is
+    # another request; a submit without one says nothing (a submit by type name, from the
+    # CLI or HTTP, cannot compute a function task's declared key).
     compared: tuple[tuple[ComparedField, bool], ...] = (
         ("type", holder["type"] == spec.type),
         ("queue", spec.queue is None or holder["queue"] == spec.queue),
         ("payload", holder["same_payload"]),
+        (
+            "concurrency_key",
+            spec.concurrency_key is None or holder["concurrency_key"] == spec.concurrency_key,
+        ),
     )
     differing = tuple(field for field, same in compared if not same)
     if differing:
@@ -136,6 +145,7 @@ def _refuse_if_different(
             original_queue=holder["queue"],
             index=index,
             original_index=(batch or {}).get(holder["id"]),
+            original_concurrency_key=holder["concurrency_key"],
         )
 
 
@@ -148,6 +158,8 @@ _COPY_TYPES = (
     "bytea", "text", "text", "bytea", "int2", "int4", "float4", "float4", "float4",
     "timestamptz", "timestamptz", "bytea", "bool", "timestamptz",
 )  # fmt: skip
+# task_copy_keyed's: the concurrency key after them.
+_COPY_TYPES_KEYED = (*_COPY_TYPES, "text")
 
 
 _Policy = tuple[int, float, float, float, bool | None]
@@ -281,7 +293,9 @@ def _copy_plain(
     plain: Sequence[TaskSpec], now: datetime | None, trace_context: Mapping[str, str] | None
 ) -> Op[tuple[list[Task], set[str]]]:
     """Tasks without idempotency keys by binary COPY (nothing can conflict): the Tasks, in
-    order, and the queues of those ready now (to notify)."""
+    order, and the queues of those ready now (to notify). The concurrency key column is sent
+    only when some task of the batch has one (task_copy_keyed)."""
+    keyed = any(s.concurrency_key is not None for s in plain)
     types = sorted({s.type for s in plain})
     (head,) = yield Query("task_copy_clock", {"now": now, "types": types})
     clock: datetime = head["now"]
@@ -308,13 +322,12 @@ def _copy_plain(
         expires_at = s.expires_at
         if s.expires_in is not None:  # from the server's clock, as the INSERTs
             expires_at = clock + timedelta(seconds=s.expires_in)
-        rows.append(
-            (
-                s.id.int.to_bytes(16), queue, s.type, b"\x01" + s.payload_json.encode(),
-                int(priority), attempts, base, factor, cap, visible_after, clock, trace, mark,
-                expires_at,
-            )
+        row = (
+            s.id.int.to_bytes(16), queue, s.type, b"\x01" + s.payload_json.encode(),
+            int(priority), attempts, base, factor, cap, visible_after, clock, trace, mark,
+            expires_at,
         )  # fmt: skip
+        rows.append((*row, s.concurrency_key) if keyed else row)
         # (_inserted, inline, from a copy of the batch's common fields: a third of its cost)
         fields = common.copy()
         fields["id"] = s.id
@@ -325,10 +338,15 @@ def _copy_plain(
         fields["max_attempts"] = attempts
         fields["visible_after"] = fields["ready_since"] = visible_after
         fields["expires_at"] = expires_at
+        if keyed:
+            fields["concurrency_key"] = s.concurrency_key
         tasks.append(built(Task, fields))
         if visible_after <= clock:
             ready.add(queue)
-    yield Copy("task_copy", _COPY_TYPES, rows)
+    if keyed:
+        yield Copy("task_copy_keyed", _COPY_TYPES_KEYED, rows)
+    else:
+        yield Copy("task_copy", _COPY_TYPES, rows)
     return tasks, ready
 
 
@@ -339,10 +357,12 @@ def task_copy_columns(
     now: datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
     notify: bool | None = None,
+    concurrency_keys: Sequence[str | None] | None = None,
 ) -> Op[None]:
     """Tasks alike but for their ids and payloads (JSON text) by binary COPY: ``spec``, a
-    prepared task without a key or parents, gives the rest, resolved once for all (the type's
-    declaration as in _copy_plain)."""
+    prepared task without an idempotency key or parents, gives the rest, resolved once for
+    all (the type's declaration as in _copy_plain). ``concurrency_keys``: each task's, in the
+    order of ``ids``, instead of ``spec``'s one for all."""
     notify = pooling.resolve_notify(notify)
     (head,) = yield Query("task_copy_clock", {"now": now, "types": [spec.type]})
     clock: datetime = head["now"]
@@ -360,14 +380,25 @@ def task_copy_columns(
         expires_at = clock + timedelta(seconds=spec.expires_in)
     trace = _jsonb_bytes(_TRACE_ENCODER.encode(dict(trace_context))) if trace_context else None
     type = spec.type
-    rows = [
-        (
-            i.int.to_bytes(16), queue, type, b"\x01" + p.encode(), priority, attempts, base,
-            factor, cap, visible_after, clock, trace, mark, expires_at,
-        )
-        for i, p in zip(ids, payloads, strict=True)
-    ]  # fmt: skip
-    yield Copy("task_copy", _COPY_TYPES, rows)
+    if concurrency_keys is None and spec.concurrency_key is None:
+        rows = [
+            (
+                i.int.to_bytes(16), queue, type, b"\x01" + p.encode(), priority, attempts, base,
+                factor, cap, visible_after, clock, trace, mark, expires_at,
+            )
+            for i, p in zip(ids, payloads, strict=True)
+        ]  # fmt: skip
+        yield Copy("task_copy", _COPY_TYPES, rows)
+    else:
+        keys = [spec.concurrency_key] * len(ids) if concurrency_keys is None else concurrency_keys
+        keyed_rows = [
+            (
+                i.int.to_bytes(16), queue, type, b"\x01" + p.encode(), priority, attempts, base,
+                factor, cap, visible_after, clock, trace, mark, expires_at, k,
+            )
+            for i, p, k in zip(ids, payloads, keys, strict=True)
+        ]  # fmt: skip
+        yield Copy("task_copy_keyed", _COPY_TYPES_KEYED, keyed_rows)
     if notify and visible_after <= clock:
         yield Query("queue_notify", {"queues": [queue]})
 

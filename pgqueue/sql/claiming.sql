@@ -314,34 +314,38 @@ SELECT * FROM claimed;
 
 -- name: task_claim_keyed
 -- The fair claim, when tasks with a concurrency key wait in the served queues: after
--- limits_probe has taken the limits lock (and task_claim_limited has run), in the same
--- transaction, so that
--- this statement's snapshot sees every claim committed before it and the per-key counts are
--- exact fleet-wide. It claims the keyed tasks and the unkeyed ones of the same queues (but for
--- those under a limit, which task_claim_limited took).
+-- limits_probe (or limits_lock) has taken the limits lock, and task_claim_limited has run, in
+-- the same transaction, so that this statement's snapshot sees every claim committed before
+-- it and the per-key counts are exact fleet-wide. It claims the keyed tasks and the unkeyed
+-- ones of the same queues (but for those under a limit, which task_claim_limited took).
 -- Strict priority first: every high task before any normal one. Within a queue and priority
 -- (a lane), the keys take turns: the rotation walks the keys with waiting tasks from the one
--- after where this claimer's previous claim stopped (after_key, '' for the beginning), one
--- probe of tasks_claim_key_idx each, round to the end, where the unkeyed tasks take their turn
--- as one more key (''), then from the first key up to where it started; at most `visit` keys.
--- Each key offers its next tasks in priority and claim order, no more than its room: the
--- least of the per-key limits of its queue and of the task's type (per_key_max_running minus
--- its tasks of that queue or type running now, expired leases included until swept), and of
--- the limits' own room (max_running and the rate, as task_claim_limited counts them). The
--- batch is then filled in rounds: the first task of every key in turn, then the second of
--- each, and so on (round, then position in the rotation).
+-- after where this claimer's previous claim stopped (the *_after parameters, '' for the
+-- beginning), one probe of tasks_claim_key_idx each, round to the end, where the unkeyed
+-- tasks take their turn as one more key (''), then from the first key up to where it
+-- started; at most `visit` keys per lane.
+-- Each key offers its next tasks in claim order (turns), one each where a priority has keys
+-- enough to fill the batch, else as many as it may (depth). Then every limit cuts what it
+-- must, in the fair order: a key's per-key room in its queue and for each task's type
+-- (per_key_max_running minus its tasks of that queue or type running now, expired leases
+-- included until swept), then each limited type's and queue's own room (max_running and the
+-- rate, as task_claim_limited counts them). The batch is filled in rounds: the first task of
+-- every key in turn, then the second of each, and so on (round, then position in the
+-- rotation).
 -- Committed without waiting for the WAL flush, as task_claim is.
 WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
                       set_config('synchronous_commit', 'off', true) AS async_commit),
-running AS MATERIALIZED (
-    SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
-),
 room AS MATERIALIZED (
-    -- Each limit's room (NULL: unbounded) and its per-key cap.
+    -- Each limit's room (NULL: unbounded) and its per-key cap. A max_running counts the
+    -- running tasks of its type or queue (the lease index); a per-key cap alone counts
+    -- nothing here: a key's running tasks are counted below, for the keys visited only,
+    -- from tasks_running_key_idx (the whole lease index is read only for a max_running).
     SELECT l.kind, l.name, l.per_key_max_running AS per_key,
-           least(l.max_running - (SELECT count(*) FROM running AS r
-                                   WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
-                                         = l.name),
+           least(CASE WHEN l.max_running IS NOT NULL THEN
+                     l.max_running - (SELECT count(*) FROM pgqueue.tasks AS r
+                                       WHERE r.status = 'running'
+                                         AND CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
+                                             = l.name) END,
                  l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
                                   WHERE s.at > clock.now - l.rate_period * interval '1 second'))
                AS room
@@ -397,8 +401,9 @@ turns AS MATERIALIZED (
                      THEN 0 ELSE %(limit)s END
            ELSE greatest(0, least(
                 %(limit)s,
-                (SELECT q.per_key - (SELECT count(*) FROM running AS x
-                                      WHERE x.queue = r.queue AND x.concurrency_key = r.key)
+                (SELECT q.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                      WHERE x.status = 'running' AND x.concurrency_key = r.key
+                                        AND x.queue = r.queue)
                    FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue),
                 (SELECT q.room FROM room AS q WHERE q.kind = 'queue' AND q.name = r.queue)))
            END AS room
@@ -457,8 +462,9 @@ per_queue_key AS (
               FROM offered AS o) AS o
       LEFT JOIN room AS q ON q.kind = 'queue' AND q.name = o.queue AND o.key <> ''
      WHERE q.per_key IS NULL
-        OR o.nth_key <= q.per_key - (SELECT count(*) FROM running AS x
-                                  WHERE x.queue = o.queue AND x.concurrency_key = o.key)
+        OR o.nth_key <= q.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                      WHERE x.status = 'running' AND x.concurrency_key = o.key
+                                        AND x.queue = o.queue)
 ),
 per_type_key AS (
     -- Each key's room under its task type's per-key limit, in the fair order.
@@ -469,8 +475,9 @@ per_type_key AS (
               FROM per_queue_key AS o) AS o
       LEFT JOIN room AS t ON t.kind = 'type' AND t.name = o.type AND o.key <> ''
      WHERE t.per_key IS NULL
-        OR o.nth_type_key <= t.per_key - (SELECT count(*) FROM running AS x
-                                  WHERE x.type = o.type AND x.concurrency_key = o.key)
+        OR o.nth_type_key <= t.per_key - (SELECT count(*) FROM pgqueue.tasks AS x
+                                           WHERE x.status = 'running'
+                                             AND x.concurrency_key = o.key AND x.type = o.type)
 ),
 per_type AS (
     -- Then each limited type's own room, and each limited queue's.

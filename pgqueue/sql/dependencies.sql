@@ -78,7 +78,7 @@ inserted AS (
                                backoff_factor, backoff_cap, visible_after, created_at,
                                trace_context, policy_default, expires_at, status,
                                parents_pending, workflow_id, cancelled_by, last_error,
-                               finished_at, has_dependants)
+                               finished_at, has_dependants, concurrency_key)
     SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
            coalesce(v.priority, d.priority, %(default_priority)s::smallint),
            coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
@@ -95,7 +95,8 @@ inserted AS (
            CASE WHEN c.doomed THEN c.cancelled_by END,
            CASE WHEN c.doomed THEN c.reason END,
            CASE WHEN c.doomed THEN clock.now END,
-           CASE WHEN v.id IN (SELECT parent_id FROM e) THEN true END
+           CASE WHEN v.id IN (SELECT parent_id FROM e) THEN true END,
+           v.concurrency_key
       FROM clock,
            unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
                   %(priorities)s::smallint[], %(max_attempts)s::integer[],
@@ -103,10 +104,11 @@ inserted AS (
                   %(backoff_caps)s::real[], %(run_ats)s::timestamptz[],
                   %(delays)s::double precision[], %(explicits)s::boolean[],
                   %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[],
-                  %(workflow_ids)s::uuid[])
+                  %(workflow_ids)s::uuid[], %(concurrency_keys)s::text[])
            WITH ORDINALITY
            AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
-                backoff_cap, run_at, delay, explicit, expires_at, expires_in, workflow_id, n)
+                backoff_cap, run_at, delay, explicit, expires_at, expires_in, workflow_id,
+                concurrency_key, n)
            LEFT JOIN children AS c ON c.child_id = v.id
            LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
      WHERE (SELECT ids FROM missing) IS NULL

@@ -9,33 +9,71 @@
 -- The starvation policy: a queued task that has been ready for `after_seconds` moves up one
 -- priority (low to normal, normal to high) and its promotion clock (visible_after) restarts,
 -- so it climbs one level per period, while ready_since keeps when it first became ready (the
--- age every reader shows) and submitted_priority the priority it was submitted with; once high, it is older than the high tasks behind it and goes first (FIFO). Each
--- queue (found by a loose walk of the claim index) and level is read by its own range of the
--- claim index: (queue, priority, created_at), bounded by the cutoff, since a task is never
--- ready before it was created. Running and scheduled tasks are left alone.
-WITH RECURSIVE clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           coalesce(%(now)s::timestamptz, now()) - %(after_seconds)s * interval '1 second' AS cutoff
+-- age every reader shows) and submitted_priority the priority it was submitted with; once
+-- high, it is older than the high tasks behind it and goes first (FIFO). The queues are found
+-- by loose walks of the two claim indexes (tasks without a key, tasks with one), and each
+-- queue and level is read by its own range of each: of tasks_claim_idx, (queue, priority,
+-- created_at), oldest first up to the cutoff, since a task is never ready before it was
+-- created; of tasks_claim_key_idx, (queue, priority, key, created_at), the level's entries
+-- whose created_at is before the cutoff, compared in the index (an entry too young costs no
+-- read of the table), in the index's order: by key, each key's oldest first, so a batch that
+-- cannot take every aged keyed task of a level takes the first keys', and the next round the
+-- rest. That ORDER BY also keeps the plan on the range: without it, where most of the table
+-- is aged keyed tasks, the planner may bet on a sequential scan finding a batch early (and
+-- read 200,000 rows for 1,000). Running and scheduled tasks are left alone.
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+-- Apart from clock and read once, so that the planner sees its expression (and, planning for
+-- these values, how many tasks are older), not an opaque CTE's column.
+cutoff AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) - %(after_seconds)s * interval '1 second' AS at
 ),
-queues AS (
-    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
+unkeyed AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NULL) AS name
     UNION ALL
-    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued' AND queue > q.name)
-      FROM queues AS q
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NULL AND queue > q.name)
+      FROM unkeyed AS q
      WHERE q.name IS NOT NULL
 ),
+keyed AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NOT NULL) AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NOT NULL AND queue > q.name)
+      FROM keyed AS q
+     WHERE q.name IS NOT NULL
+),
+queues AS (
+    SELECT name FROM unkeyed WHERE name IS NOT NULL
+    UNION
+    SELECT name FROM keyed WHERE name IS NOT NULL
+),
 aged AS (
+    -- Each queue and level: its aged tasks without a key, then with one (a locking clause
+    -- goes in a subquery of a UNION's arm, not on the arm itself).
     SELECT a.id
-      FROM queues, clock, (VALUES (1), (2)) AS level(priority)
+      FROM queues, cutoff, (VALUES (1), (2)) AS level(priority)
      CROSS JOIN LATERAL (
-           SELECT id FROM pgqueue.tasks
-            WHERE status = 'queued' AND queue = queues.name AND priority = level.priority
-              AND created_at < clock.cutoff AND visible_after < clock.cutoff
-            ORDER BY created_at
-            LIMIT %(limit)s
-              FOR UPDATE SKIP LOCKED
+           SELECT u.id
+             FROM (SELECT id FROM pgqueue.tasks
+                    WHERE status = 'queued' AND concurrency_key IS NULL
+                      AND queue = queues.name AND priority = level.priority
+                      AND created_at < cutoff.at AND visible_after < cutoff.at
+                    ORDER BY created_at
+                    LIMIT %(limit)s
+                      FOR UPDATE SKIP LOCKED) AS u
+           UNION ALL
+           SELECT k.id
+             FROM (SELECT id FROM pgqueue.tasks
+                    WHERE status = 'queued' AND concurrency_key IS NOT NULL
+                      AND queue = queues.name AND priority = level.priority
+                      AND created_at < cutoff.at AND visible_after < cutoff.at
+                    ORDER BY concurrency_key, created_at
+                    LIMIT %(limit)s
+                      FOR UPDATE SKIP LOCKED) AS k
            ) AS a
-     WHERE queues.name IS NOT NULL
      LIMIT %(limit)s
 )
 UPDATE pgqueue.tasks AS t
@@ -129,28 +167,55 @@ SELECT removed.name,
 
 -- name: queue_known
 -- Whether a queue exists for pgqueue: it has a settings row or any task. Each probe reads
--- one index (the claim index, the running tasks', the retention index, the waiting tasks'),
--- never the table.
+-- one index (the two claim indexes, for tasks without and with a concurrency key, the
+-- running tasks', the retention index once per finished status, the waiting tasks'), never
+-- the table. Each is a scalar subquery for the first task in its index's order, not EXISTS:
+-- PostgreSQL drops ORDER BY and LIMIT inside EXISTS and may then bet on a sequential scan
+-- finding a row early (for a queue with many tasks), which reads every row before the first
+-- one of the queue.
 SELECT EXISTS (SELECT 1 FROM pgqueue.queues WHERE name = %(name)s)
-    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'queued' AND queue = %(name)s)
-    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'running' AND queue = %(name)s)
-    OR EXISTS (SELECT 1 FROM pgqueue.tasks
-                WHERE status IN ('completed', 'failed', 'cancelled') AND queue = %(name)s)
-    OR EXISTS (SELECT 1 FROM pgqueue.tasks WHERE status = 'waiting' AND queue = %(name)s)
+    OR (SELECT id FROM pgqueue.tasks
+         WHERE status = 'queued' AND concurrency_key IS NULL AND queue = %(name)s
+         ORDER BY priority, created_at, id LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks
+         WHERE status = 'queued' AND concurrency_key IS NOT NULL AND queue = %(name)s
+         ORDER BY priority, concurrency_key, created_at, id LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks WHERE status = 'running' AND queue = %(name)s
+         ORDER BY lease_expires_at LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks WHERE status = 'completed' AND queue = %(name)s
+         ORDER BY finished_at LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks WHERE status = 'failed' AND queue = %(name)s
+         ORDER BY finished_at LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks WHERE status = 'cancelled' AND queue = %(name)s
+         ORDER BY finished_at LIMIT 1) IS NOT NULL
+    OR (SELECT id FROM pgqueue.tasks WHERE status = 'waiting' AND queue = %(name)s
+         ORDER BY priority LIMIT 1) IS NOT NULL
        AS known;
 
 -- name: queue_list
 -- Every queue with tasks (in any status) or a setting, and whether it is paused (stats and
--- every /metrics scrape ask). The queues come from loose walks of the claim index, of the
--- retention index (one per finished status, each a literal the partial index's predicate is
--- proved by) and of the waiting tasks' index, one probe per queue each, not from reading the
--- tasks; running tasks are few (as many as the workers' slots).
+-- every /metrics scrape ask). The queues come from loose walks of the two claim indexes
+-- (tasks without and with a concurrency key), of the retention index (one per finished
+-- status, each a literal the partial index's predicate is proved by) and of the waiting
+-- tasks' index, one probe per queue each, not from reading the tasks; running tasks are few
+-- (as many as the workers' slots).
 WITH RECURSIVE backlog AS (
-    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued') AS name
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NULL) AS name
     UNION ALL
-    SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'queued' AND queue > b.name)
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NULL AND queue > b.name)
       FROM backlog AS b
      WHERE b.name IS NOT NULL
+),
+keyed AS (
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NOT NULL) AS name
+    UNION ALL
+    SELECT (SELECT min(queue) FROM pgqueue.tasks
+             WHERE status = 'queued' AND concurrency_key IS NOT NULL AND queue > k.name)
+      FROM keyed AS k
+     WHERE k.name IS NOT NULL
 ),
 completed AS (
     SELECT (SELECT min(queue) FROM pgqueue.tasks WHERE status = 'completed') AS name
@@ -183,6 +248,7 @@ waiting AS (
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.updated_at,
        q.completed_retention, q.dead_retention
   FROM (SELECT name FROM backlog WHERE name IS NOT NULL
+        UNION SELECT name FROM keyed WHERE name IS NOT NULL
         UNION SELECT name FROM completed WHERE name IS NOT NULL
         UNION SELECT name FROM failed WHERE name IS NOT NULL
         UNION SELECT name FROM cancelled WHERE name IS NOT NULL
@@ -209,13 +275,15 @@ RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retenti
 -- one on; the sliding log of recent starts is kept, so lowering a rate takes effect at once.
 -- Wakes idle workers, since a raised limit may free tasks for them.
 WITH saved AS (
-    INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period, updated_at)
+    INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period,
+                                     per_key_max_running, updated_at)
     VALUES (%(kind)s, %(name)s, %(max_running)s, %(rate_limit)s, %(rate_period)s,
-            coalesce(%(now)s::timestamptz, now()))
+            %(per_key_max_running)s, coalesce(%(now)s::timestamptz, now()))
     ON CONFLICT (kind, name) DO UPDATE
        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-           rate_period = excluded.rate_period, updated_at = excluded.updated_at
-    RETURNING kind, name, max_running, rate_limit, rate_period, updated_at
+           rate_period = excluded.rate_period,
+           per_key_max_running = excluded.per_key_max_running, updated_at = excluded.updated_at
+    RETURNING kind, name, max_running, rate_limit, rate_period, per_key_max_running, updated_at
 )
 SELECT saved.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM saved;
 
@@ -229,15 +297,28 @@ SELECT removed.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM removed;
 
 -- name: limit_list
 -- Every limit with what it is using now: tasks running under it (expired leases included
--- until swept) and starts within its rate window.
+-- until swept), starts within its rate window, and how many concurrency keys have tasks
+-- running under it and how many of those are at its per-key cap (their next tasks wait).
+-- All from the running tasks (the lease index: as many as the workers' slots), read once.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 running AS MATERIALIZED (
-    SELECT type, queue FROM pgqueue.tasks WHERE status = 'running'
+    SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
 )
-SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.updated_at,
+SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.per_key_max_running,
+       l.updated_at,
        (SELECT count(*) FROM running AS r
          WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name) AS running,
        (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
-         WHERE s.at > clock.now - l.rate_period * interval '1 second') AS recent_starts
-  FROM pgqueue.limits AS l, clock
+         WHERE s.at > clock.now - l.rate_period * interval '1 second') AS recent_starts,
+       k.keys_running, k.keys_at_cap
+  FROM pgqueue.limits AS l
+ CROSS JOIN clock
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS keys_running,
+              count(*) FILTER (WHERE per_key.n >= l.per_key_max_running) AS keys_at_cap
+         FROM (SELECT count(*) AS n FROM running AS r
+                WHERE r.concurrency_key IS NOT NULL
+                  AND CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name
+                GROUP BY r.concurrency_key) AS per_key
+       ) AS k
  ORDER BY l.kind, l.name;

@@ -218,3 +218,85 @@ SELECT kind, holder, pid, state, seconds, xid_age
          WHERE database = current_database()) AS holders
  ORDER BY xid_age DESC, seconds DESC NULLS LAST
  LIMIT 1;
+
+-- name: key_busiest
+-- The busiest concurrency keys now, per queue: most running tasks plus ready ones (queued and
+-- due: what a key holds of the workers and what it asks for; a scheduled task asks for
+-- nothing yet), at most `limit` of them (`pgqueue stats`, GET /api/v1/stats, /metrics and the
+-- dashboard ask every few seconds). Running tasks are counted from the running ones (the
+-- lease index: as many as the workers' slots). Queued ones from tasks_claim_key_idx, (queue,
+-- priority, key, created_at, id), in chunks of `cap` entries in index order, one row a chunk
+-- (arrays of its groups, in order): each chunk is counted per (queue, priority, key), and the
+-- next starts at the chunk's last group, which the chunk may have cut short (so the next
+-- counts it whole), or, when that group filled the whole chunk, after it. So a key with `cap`
+-- or more queued tasks at a priority costs at most two chunks however long its backlog, and
+-- the cost is the number of keys waiting, not the tasks; such a key is counted to `cap`
+-- (ready_capped), its ready ones among the first `cap` in claim order.
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+running AS (
+    SELECT queue, concurrency_key AS key, count(*) AS running
+      FROM pgqueue.tasks
+     WHERE status = 'running' AND concurrency_key IS NOT NULL
+     GROUP BY queue, concurrency_key
+),
+chunks AS (
+    -- A start before every entry: a chunk of one group (this one) is skipped past, and no
+    -- queue is named ''.
+    SELECT ARRAY[''::text] AS queues, ARRAY[(-1)::smallint] AS priorities,
+           ARRAY[''::text COLLATE "C"] AS keys, ARRAY[0::bigint] AS queued,
+           ARRAY[0::bigint] AS ready, %(cap)s::bigint AS entries
+    UNION ALL
+    SELECT s.queues, s.priorities, s.keys, s.queued, s.ready, s.entries
+      FROM chunks AS w
+     CROSS JOIN clock
+     CROSS JOIN LATERAL (
+           SELECT array_agg(g.queue) AS queues, array_agg(g.priority) AS priorities,
+                  array_agg(g.key) AS keys, array_agg(g.queued) AS queued,
+                  array_agg(g.ready) AS ready, sum(g.queued)::bigint AS entries
+             FROM (SELECT c.queue, c.priority, c.concurrency_key AS key, count(*) AS queued,
+                          count(*) FILTER (WHERE c.visible_after <= clock.now) AS ready
+                     FROM (SELECT queue, priority, concurrency_key, visible_after
+                             FROM pgqueue.tasks
+                            WHERE status = 'queued' AND concurrency_key IS NOT NULL
+                              AND (queue, priority, concurrency_key, created_at, id)
+                                  > (w.queues[cardinality(w.queues)],
+                                     w.priorities[cardinality(w.queues)],
+                                     w.keys[cardinality(w.queues)],
+                                     CASE WHEN cardinality(w.queues) = 1 THEN 'infinity'
+                                          ELSE '-infinity' END::timestamptz,
+                                     CASE WHEN cardinality(w.queues) = 1
+                                          THEN 'ffffffff-ffff-ffff-ffff-ffffffffffff'
+                                          ELSE '00000000-0000-0000-0000-000000000000' END::uuid)
+                            ORDER BY queue, priority, concurrency_key
+                            LIMIT %(cap)s) AS c
+                    GROUP BY c.queue, c.priority, c.concurrency_key) AS g
+           ) AS s
+     -- A chunk short of `cap` entries reached the end.
+     WHERE w.entries = %(cap)s AND s.entries IS NOT NULL
+),
+groups AS (
+    -- A full chunk's last group is cut off (the next chunk counts it whole), unless it is the
+    -- chunk's only one: then it has `cap` entries or more, and is counted to `cap`.
+    SELECT g.queue, g.key, g.queued, g.ready,
+           w.entries = %(cap)s AND g.nth = cardinality(w.queues) AS cut,
+           cardinality(w.queues) = 1 AS alone
+      FROM chunks AS w,
+           unnest(w.queues, w.keys, w.queued, w.ready) WITH ORDINALITY
+           AS g(queue, key, queued, ready, nth)
+     WHERE w.priorities[1] >= 0  -- not the start
+),
+waiting AS (
+    SELECT queue, key, least(sum(ready), %(cap)s)::bigint AS ready,
+           bool_or(cut) OR sum(queued) > %(cap)s AS ready_capped
+      FROM groups
+     WHERE NOT cut OR alone
+     GROUP BY queue, key
+)
+SELECT coalesce(w.queue, r.queue) AS queue, coalesce(w.key, r.key) AS key,
+       coalesce(r.running, 0) AS running, coalesce(w.ready, 0) AS ready,
+       coalesce(w.ready_capped, false) AS ready_capped
+  FROM waiting AS w
+  FULL JOIN running AS r ON r.queue = w.queue AND r.key = w.key
+ ORDER BY coalesce(r.running, 0) + coalesce(w.ready, 0) DESC, coalesce(r.running, 0) DESC,
+          1, 2
+ LIMIT %(limit)s;

@@ -12,13 +12,14 @@
 -- cluster-wide lock a NOTIFY takes, and workers poll).
 -- The retry policy, field by field: the caller's, else the type's declaration (one primary-key
 -- read of pgqueue.task_types), else the default (see task_insert_plain). So are the queue and
--- the priority: NULL from the caller means "not given".
+-- the priority: NULL from the caller means "not given". The concurrency key is the caller's
+-- (NULL: none).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 inserted AS (
     INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                                backoff_factor, backoff_cap, idempotency_key, visible_after,
                                created_at, trace_context, policy_default, expires_at,
-                               workflow_id)
+                               workflow_id, concurrency_key)
     SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
            %(payload)s::jsonb,
            coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
@@ -33,7 +34,8 @@ inserted AS (
            -- The expiry: an absolute time, or seconds from the server's clock.
            coalesce(%(expires_at)s::timestamptz,
                     clock.now + %(expires_in)s::double precision * interval '1 second'),
-           %(workflow_id)s::uuid  -- a workflow's root task with a key
+           %(workflow_id)s::uuid,  -- a workflow's root task with a key
+           %(concurrency_key)s::text
       FROM clock LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, priority, visible_after, created_at, max_attempts, expires_at
@@ -52,10 +54,11 @@ SELECT inserted.id, inserted.visible_after, inserted.created_at, inserted.max_at
 -- trip more), else the default. policy_default marks a task that got the default for want of
 -- both, so that the first claim after its type is declared applies the declaration. The queue
 -- and the priority: the caller's, else the type's, else the default (never applied later: the
--- queue decides which workers may claim the task).
+-- queue decides which workers may claim the task). The concurrency key is the caller's (NULL:
+-- none, which puts the task in the plain claim index, as before keys existed).
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, visible_after, created_at, trace_context,
-                           policy_default, expires_at)
+                           policy_default, expires_at, concurrency_key)
 SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
        %(payload)s::jsonb,
        coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
@@ -70,7 +73,8 @@ SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
        -- The expiry, as in task_insert.
        coalesce(%(expires_at)s::timestamptz,
                 coalesce(%(now)s::timestamptz, now())
-                + %(expires_in)s::double precision * interval '1 second')
+                + %(expires_in)s::double precision * interval '1 second'),
+       %(concurrency_key)s::text
   FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
 RETURNING visible_after, created_at, max_attempts, queue, priority, expires_at,
           CASE WHEN %(notify)s::boolean AND visible_after <= created_at
@@ -98,6 +102,14 @@ COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_ba
                     policy_default, expires_at)
 FROM STDIN (FORMAT BINARY);
 
+-- name: task_copy_keyed
+-- task_copy for a batch in which some task has a concurrency key: the same columns and the
+-- key, so that a batch without keys sends no column of NULLs more.
+COPY pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                    backoff_factor, backoff_cap, visible_after, created_at, trace_context,
+                    policy_default, expires_at, concurrency_key)
+FROM STDIN (FORMAT BINARY);
+
 -- name: task_insert_many
 -- Many tasks with idempotency keys in one statement (arrays, one element per task); taken
 -- keys are skipped. The retry policy, queue and priority as in task_insert (explicit: the
@@ -105,7 +117,8 @@ FROM STDIN (FORMAT BINARY);
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now)
 INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
                            backoff_factor, backoff_cap, idempotency_key, visible_after,
-                           created_at, trace_context, policy_default, expires_at, workflow_id)
+                           created_at, trace_context, policy_default, expires_at, workflow_id,
+                           concurrency_key)
 SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::jsonb,
        coalesce(v.priority, d.priority, %(default_priority)s::smallint),
        coalesce(v.max_attempts, d.max_attempts, %(default_max_attempts)s),
@@ -117,7 +130,8 @@ SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::j
        %(trace_context)s::jsonb,
        CASE WHEN NOT v.explicit AND d.type IS NULL THEN true END,
        coalesce(v.expires_at, clock.now + v.expires_in * interval '1 second'),
-       v.workflow_id  -- a workflow's root task with a key
+       v.workflow_id,  -- a workflow's root task with a key
+       v.concurrency_key
   FROM clock,
        unnest(%(ids)s::uuid[], %(queues)s::text[], %(types)s::text[], %(payloads)s::text[],
               %(priorities)s::smallint[], %(max_attempts)s::integer[], %(backoff_bases)s::real[],
@@ -125,11 +139,11 @@ SELECT v.id, coalesce(v.queue, d.queue, %(default_queue)s), v.type, v.payload::j
               %(idempotency_keys)s::text[], %(run_ats)s::timestamptz[],
               %(delays)s::double precision[], %(explicits)s::boolean[],
               %(expires_ats)s::timestamptz[], %(expires_ins)s::double precision[],
-              %(workflow_ids)s::uuid[])
+              %(workflow_ids)s::uuid[], %(concurrency_keys)s::text[])
        WITH ORDINALITY
        AS v(id, queue, type, payload, priority, max_attempts, backoff_base, backoff_factor,
             backoff_cap, idempotency_key, run_at, delay, explicit, expires_at, expires_in,
-            workflow_id, n)
+            workflow_id, concurrency_key, n)
        LEFT JOIN pgqueue.task_types AS d ON d.type = v.type
  -- In the caller's order, whatever the join: of two tasks in one batch with the same key,
  -- the first is the one created.

@@ -100,6 +100,7 @@ def task_message(task: ClaimedTask) -> dict[str, Any]:
         "trace_context": task.trace_context,
         "has_parents": task.has_parents,
         "workflow_id": None if task.workflow_id is None else str(task.workflow_id),
+        "concurrency_key": task.concurrency_key,
         "parents": [
             {
                 "task_id": str(p.task_id),
@@ -131,6 +132,7 @@ def task_from(message: dict[str, Any]) -> ClaimedTask:
         trace_context=message["trace_context"],
         has_parents=message["has_parents"],
         workflow_id=None if workflow is None else uuid.UUID(workflow),
+        concurrency_key=message.get("concurrency_key"),
         parents=tuple(
             Parent(
                 task_id=uuid.UUID(p["task_id"]),

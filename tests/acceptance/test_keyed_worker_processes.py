@@ -44,11 +44,13 @@ def enqueue(conn: psycopg.Connection[Any], *specs: dict[str, Any]) -> list[uuid.
 
 
 def most_at_once_per_key(
-    conn: psycopg.Connection[Any], killed_at: datetime | None = None
+    conn: psycopg.Connection[Any], killed: tuple[int, datetime] | None = None
 ) -> dict[str, int]:
     """Per key, the most of its spans that overlapped (+1 at each start, -1 at each end, ends
-    first on ties: a slot freed and taken in the same microsecond is not an overlap). A span
-    without an end was cut short by a kill, at ``killed_at``."""
+    first on ties: a slot freed and taken in the same microsecond is not an overlap).
+    ``killed``: (pid, when) of a worker killed mid-span; its spans ended then (the handler's
+    end mark of a rerun marks every open span of its task, the killed one's too)."""
+    pid, killed_at = killed or (0, None)
     rows = conn.execute(
         """
         SELECT key, max(open) FROM (
@@ -56,12 +58,13 @@ def most_at_once_per_key(
               FROM (SELECT t.concurrency_key AS key, s.started_at AS at, 1 AS step
                       FROM spans AS s JOIN pgqueue.tasks AS t ON t.id = s.task_id
                     UNION ALL
-                    SELECT t.concurrency_key, coalesce(s.ended_at, %s), -1
+                    SELECT t.concurrency_key,
+                           CASE WHEN s.pid = %s THEN %s ELSE s.ended_at END, -1
                       FROM spans AS s JOIN pgqueue.tasks AS t ON t.id = s.task_id) AS e
         ) AS s
         GROUP BY key
         """,
-        (killed_at,),
+        (pid, killed_at),
     ).fetchall()
     return {key: int(n) for key, n in rows}
 
@@ -155,4 +158,4 @@ def test_a_killed_workers_keyed_task_holds_its_key_until_taken_back_then_runs_el
     )
     assert [attempt for attempt, _ in executions(db, blocked)] == [1, 2]
     assert min(span_starts(db, "a")) > lease_expired, "key a ran a task beside the killed one"
-    assert most_at_once_per_key(db, killed_at) == {"a": 1, "b": 1}
+    assert most_at_once_per_key(db, (a.pid, killed_at)) == {"a": 1, "b": 1}

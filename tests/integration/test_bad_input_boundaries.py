@@ -150,7 +150,9 @@ NA: Any = _NotApplicable()  # this boundary cannot express the input (None is a 
 ACCEPT = "accept"
 REJECT = "reject"
 
-STORED_COLUMNS = ("type", "queue", "idempotency_key", "payload", "priority", "max_attempts")
+STORED_COLUMNS = (
+    "type", "queue", "idempotency_key", "payload", "priority", "max_attempts", "concurrency_key",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,24 +552,23 @@ CASES += [
     )
     for key, (label, value) in REJECTED_NAMES.items()
 ]
-# A bad queue or idempotency key names its own field.
-for _field, _limit in (("queue", 200), ("idempotency_key", 500)):
-    for _key, _label, _value in (
-        ("spaces", "spaces only", "   "),
-        ("over-limit", f"{_limit + 1} characters", "k" * (_limit + 1)),
-        ("nul", "NUL", "a\x00b"),
-        ("surrogate", "lone surrogate", "q\udcff"),
-    ):
-        CASES.append(
-            Case(
-                f"{_field}-{_key}",
-                f"{_field} alone",
-                f"{_field}: {_label}",
-                REJECT,
-                _field,
-                **one_field(_field, _value),
-            )
+
+
+def bad_names(field: str, limit: int) -> list[Case]:
+    """A bad value of ``field`` alone, a name of 1 to ``limit`` characters: named as itself."""
+    return [
+        Case(f"{field}-{key}", f"{field} alone", f"{field}: {label}", REJECT, field,
+             **one_field(field, value))
+        for key, label, value in (
+            ("spaces", "spaces only", "   "),
+            ("over-limit", f"{limit + 1} characters", "k" * (limit + 1)),
+            ("nul", "NUL", "a\x00b"),
+            ("surrogate", "lone surrogate", "q\udcff"),
         )
+    ]  # fmt: skip
+
+
+CASES += bad_names("queue", 200) + bad_names("idempotency_key", 500)
 CASES.append(
     Case(
         "idempotency_key-at-limit",
@@ -578,6 +579,29 @@ CASES.append(
         stored={"idempotency_key": "k" * 500},
     )
 )
+KEY_GROUP = "concurrency_key alone"
+CASES += [
+    *bad_names("concurrency_key", 200),
+    Case(
+        "concurrency_key-empty", KEY_GROUP, 'concurrency_key: empty `""`', REJECT,
+        "concurrency_key", **one_field("concurrency_key", ""),
+    ),
+    Case(
+        "concurrency_key-number", KEY_GROUP, "concurrency_key: the number `42`", REJECT,
+        "concurrency_key", lib={"type": "t", "concurrency_key": 42},
+        http={"type": "t", "concurrency_key": 42}, notes={"cli": "argv is text"},
+    ),
+    Case(
+        "concurrency_key-at-limit", KEY_GROUP, "concurrency_key: 200 characters (the limit)",
+        ACCEPT, **one_field("concurrency_key", "k" * 200), stored={"concurrency_key": "k" * 200},
+    ),
+    Case(
+        "concurrency_key-hostile", KEY_GROUP,
+        "concurrency_key: SQL, quotes, an emoji and surrounding spaces", ACCEPT,
+        **one_field("concurrency_key", " '; DROP TABLE pgqueue.tasks; -- \"\U0001f389\" "),
+        stored={"concurrency_key": " '; DROP TABLE pgqueue.tasks; -- \"\U0001f389\" "},
+    ),
+]  # fmt: skip
 assert len({c.id for c in CASES}) == len(CASES)
 
 

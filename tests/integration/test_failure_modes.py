@@ -17,6 +17,9 @@ partial batch or a changed task afterwards.
   the unique index, for an idempotency key another transaction holds; or, for the middle of a
   COPY and between the batches of ``dlq replay --all``, on an advisory lock taken by a trigger
   this test adds to its own throwaway database.
+- A per-key limit (``per_key_max_running``) that is not a count: negative, not whole, text,
+  absurd, at the library, the CLI and the API, each refused naming the field or option and
+  writing nothing (a limit holds every worker of the fleet).
 - Database URLs: each malformed one at the library (Client), the CLI and the API (which must
   refuse to start); unreachable ones (a closed port) at the library and the CLI (the API's
   ``/readyz`` answer for an unreachable database is in test_api.py).
@@ -842,6 +845,89 @@ def test_api_with_its_idle_pool_killed_answers_the_next_request(
         kill_the_pool(api, url, admin, conn)
         response = api.request("POST", "/api/v1/tasks", json={"type": "t"})
     assert response.status_code == 202, response.text
+
+
+# --- a per-key limit that is not a count ---------------------------------------------------------
+
+PER_KEY = "a per-key limit that is not a count (`per_key_max_running`)"
+NA = object()  # a value a boundary cannot be given (argv is text; JSON has no big float)
+
+# (situation, library value, CLI text, JSON value)
+PER_KEY_CASES: list[tuple[str, Any, Any, Any]] = [
+    ("negative: `-1`", -1, "-1", -1),
+    ("not whole: `2.5`", 2.5, "2.5", 2.5),
+    ("whole, as a float: `2.0`", 2.0, "2.0", 2.0),
+    ('text: `"two"`', "two", "two", "two"),
+    ('a number as text: `"2"` (CLI: argv is text, `2` is the spelling)', "2", NA, "2"),
+    ("boolean `true`", True, NA, True),
+    ("over the most, 1,000,000: `1000001`", 1_000_001, "1000001", 1_000_001),
+    ("absurd: `10**30`", 10**30, "1" + "0" * 30, 10**30),
+]
+
+
+@pytest.fixture(scope="module")
+def limits_url(new_database: Callable[..., str]) -> str:
+    return new_database()
+
+
+@pytest.mark.parametrize(
+    ("situation", "library", "argv", "json_value"), PER_KEY_CASES, ids=lambda v: str(v)[:20]
+)
+def test_a_per_key_limit_that_is_not_a_count_is_refused_naming_it_and_writes_nothing(
+    limits_url: str, situation: str, library: Any, argv: Any, json_value: Any
+) -> None:
+    """Limits hold every worker of the fleet: a wrong one is refused at each boundary with
+    the field (or option) named, before anything is written."""
+    with psycopg.connect(limits_url, autocommit=True) as conn:
+        with pytest.raises(pgqueue.ValidationError) as info:
+            pgqueue.set_limit(conn, type="email", per_key_max_running=library)
+        assert info.value.field == "per_key_max_running"
+        library_cell = (
+            f"`{type(info.value).__name__}` (`.field` = `{info.value.field}`): {info.value}"
+        )
+        cli_cell = "n/a (argv is text)"
+        if argv is not NA:
+            results = [
+                run_main(limits_url, *flags, "limit", "set", "--type", "email",
+                         "--per-key-max-running", argv)
+                for flags in ([], ["--json"])
+            ]  # fmt: skip
+            line = one_line_error(results[0], code=2)
+            one_line_error(results[1], code=2)
+            assert "per-key-max-running" in line or "per_key_max_running" in line, line
+            cli_cell = f"exit 2: {code(line)}"
+        with running_api(limits_url) as api:
+            response = api.request(
+                "PUT", "/api/v1/limits/type/email", json={"per_key_max_running": json_value}
+            )
+        body = response.json()
+        assert response.status_code == 422, response.text
+        fields = [e["field"] for e in body["errors"]]
+        assert fields == ["per_key_max_running"], body
+        http_cell = f"422 `{body['error']}` (fields: {', '.join(fields)}): {body['message']}"
+        assert pgqueue.list_limits(conn) == []
+    record(PER_KEY, situation, library_cell, cli_cell, http_cell)
+
+
+def test_a_limit_with_no_part_is_refused_naming_the_parts(limits_url: str) -> None:
+    with psycopg.connect(limits_url, autocommit=True) as conn:
+        with pytest.raises(pgqueue.ValidationError) as info:
+            pgqueue.set_limit(conn, type="email")
+        assert "per_key_max_running" in str(info.value)
+        line = one_line_error(run_main(limits_url, "limit", "set", "--type", "email"), code=2)
+        assert "per_key_max_running" in line, line
+        with running_api(limits_url) as api:
+            response = api.request("PUT", "/api/v1/limits/type/email", json={})
+        body = response.json()
+        assert response.status_code == 422 and "per_key_max_running" in body["message"], body
+        assert pgqueue.list_limits(conn) == []
+    record(
+        PER_KEY,
+        "no part at all (no max_running, rate or per_key_max_running)",
+        f"`{type(info.value).__name__}` (`.field` = `{info.value.field}`): {info.value}",
+        f"exit 2: {code(line)}",
+        f"422 `{body['error']}`: {body['message']}",
+    )
 
 
 # --- database URLs -------------------------------------------------------------------------------

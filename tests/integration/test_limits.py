@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from boundaries import Api, run_main
+from keyed_tasks import add_keyed
 
 import pgqueue
 from pgqueue import aio
@@ -302,6 +303,13 @@ def test_list_limits_reports_use_and_set_limit_replaces_the_whole_limit(conn):
         ({"type": "a", "rate": 5, "per": float("nan")}, "per"),
         ({"type": "", "max_running": 1}, "type"),
         ({"queue": "x" * 201, "max_running": 1}, "queue"),
+        ({"type": "a", "per_key_max_running": -1}, "per_key_max_running"),
+        ({"type": "a", "per_key_max_running": 2.0}, "per_key_max_running"),
+        ({"type": "a", "per_key_max_running": "2"}, "per_key_max_running"),
+        ({"type": "a", "per_key_max_running": False}, "per_key_max_running"),
+        ({"type": "a", "per_key_max_running": 1_000_001}, "per_key_max_running"),
+        ({"type": "a", "per_key_max_running": 10**30}, "per_key_max_running"),
+        ({"queue": "a", "max_running": 5, "per_key_max_running": -2}, "per_key_max_running"),
     ],
 )
 def test_a_bad_limit_is_a_validation_error_naming_the_field_and_writes_nothing(conn, kwargs, field):
@@ -410,3 +418,210 @@ def test_the_api_metrics_show_each_limit_and_its_use(database_url, conn):
     assert 'pgqueue_limit_recent_starts{kind="type",name="email"} 2.0' in text
     assert 'pgqueue_limit_max_running{kind="queue",name="payments"} 5.0' in text
     assert 'pgqueue_limit_recent_starts{kind="queue"' not in text, "no rate, no starts gauge"
+
+
+# --- per concurrency key ----------------------------------------------------------------------
+
+
+def keyed_running(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT concurrency_key, count(*) FROM pgqueue.tasks"
+        " WHERE status = 'running' GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    return {r[0]: int(r[1]) for r in rows}
+
+
+def test_a_per_key_limit_is_set_listed_with_its_keys_at_cap_and_cleared(conn):
+    add_keyed(conn, "acme", 5)
+    add_keyed(conn, "zeta", 1)
+    set_ = pgqueue.set_limit(conn, queue="default", per_key_max_running=2)
+    assert (set_.kind, set_.name, set_.per_key_max_running) == (
+        pgqueue.LimitKind.QUEUE,
+        "default",
+        2,
+    )
+    assert (set_.max_running, set_.rate_limit) == (None, None), "the other parts are no limit"
+
+    claim(conn)
+
+    assert keyed_running(conn) == {"acme": 2, "zeta": 1}
+    (limit,) = pgqueue.list_limits(conn)
+    assert (limit.per_key_max_running, limit.running) == (2, 3)
+    assert (limit.keys_running, limit.keys_at_cap) == (2, 1), "acme is at its cap, zeta is not"
+    assert pgqueue.clear_limit(conn, queue="default") is True
+    assert pgqueue.list_limits(conn) == []
+    assert keyed_running(conn) == {"acme": 2, "zeta": 1}, "clearing frees, it stops nothing"
+    claim(conn)
+    assert keyed_running(conn) == {"acme": 5, "zeta": 1}
+
+
+def test_a_per_key_limit_on_a_type_counts_keys_of_that_type_and_is_replaced_whole(conn):
+    add_keyed(conn, "acme", 3, type="email")
+    add_keyed(conn, "acme", 3, type="report")
+    pgqueue.set_limit(conn, type="email", max_running=10, per_key_max_running=1)
+
+    claim(conn)
+
+    (limit,) = pgqueue.list_limits(conn)
+    assert (limit.name, limit.max_running, limit.per_key_max_running) == ("email", 10, 1)
+    assert (limit.running, limit.keys_running, limit.keys_at_cap) == (1, 1, 1)
+    assert running(conn, "report") == 3, "another type of the same key is not held"
+    replaced = pgqueue.set_limit(conn, type="email", max_running=10)
+    assert replaced.per_key_max_running is None
+    (limit,) = pgqueue.list_limits(conn)
+    assert (limit.per_key_max_running, limit.keys_running, limit.keys_at_cap) == (None, 1, 0)
+
+
+def test_a_per_key_limit_of_zero_holds_keyed_tasks_and_not_the_others(conn):
+    add_keyed(conn, "acme", 2)
+    (plain,) = enqueue(conn, "job", 1)
+    pgqueue.set_limit(conn, queue="default", per_key_max_running=0)
+
+    assert [t.id for t in claim(conn)] == [plain]
+
+
+def test_async_and_client_set_and_list_the_per_key_part(database_url, conn):
+    add_keyed(conn, "acme", 3)
+
+    async def set_it() -> pgqueue.Limit:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as a:
+            limit = await aio.set_limit(a, queue="default", per_key_max_running=1)
+            assert len(await aio.claim(a, ["default"], limit=5, worker_id="a")) == 1
+            return limit
+
+    assert asyncio.run(set_it()).per_key_max_running == 1
+    with pgqueue.Client(database_url) as client:
+        (limit,) = client.list_limits()
+        assert (limit.per_key_max_running, limit.keys_at_cap) == (1, 1)
+        limit = client.set_limit(queue="default", per_key_max_running=3)
+        assert limit.per_key_max_running == 3
+        assert client.clear_limit(queue="default") is True
+
+
+def test_cli_sets_lists_and_clears_a_per_key_limit(database_url, conn):
+    add_keyed(conn, "acme", 3)
+    set_ = run_main(
+        database_url, "limit", "set", "--queue", "default", "--per-key-max-running", "2"
+    )
+    assert set_.code == 0, set_.stderr
+    assert set_.stdout.strip() == "queue 'default': at most 2 running at once per key"
+    claim(conn)
+
+    listed = run_main(database_url, "limit", "list")
+    header, row = listed.stdout.splitlines()
+    assert "PER KEY" in header and "KEYS AT CAP" in header
+    assert row.split()[-4:] == ["2", "1", "of", "1"], row
+    (machine,) = json.loads(run_main(database_url, "--json", "limit", "list").stdout)
+    assert {k: machine[k] for k in ("per_key_max_running", "running", "keys_running")} == {
+        "per_key_max_running": 2,
+        "running": 2,
+        "keys_running": 1,
+    }
+    assert machine["keys_at_cap"] == 1
+    both = run_main(
+        database_url,
+        "--json",
+        "limit",
+        "set",
+        "--type",
+        "email",
+        "--max-running",
+        "5",
+        "--per-key-max-running",
+        "1",
+    )
+    assert (
+        json.loads(both.stdout)["max_running"],
+        json.loads(both.stdout)["per_key_max_running"],
+    ) == (5, 1)
+    cleared = run_main(database_url, "limit", "clear", "--queue", "default")
+    assert cleared.code == 0 and "limit removed" in cleared.stdout
+    assert [x.name for x in pgqueue.list_limits(conn)] == ["email"]
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("-1", "per_key_max_running: must be an integer from 0 to 1000000, not -1"),
+        ("1000001", "per_key_max_running: must be an integer from 0 to 1000000, not 1000001"),
+        ("1" + "0" * 30, f"must be an integer from 0 to 1000000, not 1{'0' * 30}"),
+        ("2.5", "'--per-key-max-running': '2.5' is not a whole number"),
+        ("2.0", "'--per-key-max-running': '2.0' is not a whole number"),
+        ("two", "'--per-key-max-running': 'two' is not a whole number"),
+        ("", "'--per-key-max-running': '' is not a whole number"),
+    ],
+)
+def test_cli_refuses_a_bad_per_key_limit_in_one_line_saying_why(database_url, conn, value, says):
+    for flags in ([], ["--json"]):
+        result = run_main(
+            database_url, *flags, "limit", "set", "--type", "a", "--per-key-max-running", value
+        )
+        assert result.code == 2, (result.stdout, result.stderr)
+        assert result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+        assert says in result.line, result.line
+    assert pgqueue.list_limits(conn) == []
+
+
+def test_http_sets_lists_and_clears_a_per_key_limit(database_url, conn):
+    add_keyed(conn, "acme", 3)
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        put = api.request("PUT", "/api/v1/limits/queue/default", json={"per_key_max_running": 2})
+        assert put.status_code == 200, put.text
+        assert put.json()["per_key_max_running"] == 2 and put.json()["max_running"] is None
+        claim(conn)
+        (listed,) = api.request("GET", "/api/v1/limits").json()
+        assert {k: listed[k] for k in ("per_key_max_running", "running", "keys_running")} == {
+            "per_key_max_running": 2,
+            "running": 2,
+            "keys_running": 1,
+        }
+        assert listed["keys_at_cap"] == 1
+        gone = api.request("DELETE", "/api/v1/limits/queue/default")
+        assert gone.json() == {"kind": "queue", "name": "default", "removed": True}
+    finally:
+        api.close()
+    assert pgqueue.list_limits(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (-1, "greater than or equal to 0"),
+        (1_000_001, "less than or equal to 1000000"),
+        (10**30, "less than or equal to 1000000"),
+        (2.5, "valid integer"),
+        (2.0, "valid integer"),
+        ("2", "valid integer"),
+        (True, "valid integer"),
+    ],
+)
+def test_http_refuses_a_bad_per_key_limit_with_422_naming_the_field(
+    database_url, conn, value, says
+):
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        bad = api.request("PUT", "/api/v1/limits/type/email", json={"per_key_max_running": value})
+    finally:
+        api.close()
+    assert bad.status_code == 422, bad.text
+    (error,) = bad.json()["errors"]
+    assert error["field"] == "per_key_max_running" and says in error["message"], error
+    assert pgqueue.list_limits(conn) == []
+
+
+def test_the_api_metrics_show_each_per_key_limit_and_its_keys_at_cap(database_url, conn):
+    add_keyed(conn, "acme", 3)
+    add_keyed(conn, "zeta", 1)
+    pgqueue.set_limit(conn, queue="default", per_key_max_running=2)
+    pgqueue.set_limit(conn, type="email", max_running=4)
+    claim(conn)
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        text = api.request("GET", "/metrics").text
+    finally:
+        api.close()
+
+    assert 'pgqueue_limit_per_key_max_running{kind="queue",name="default"} 2.0' in text
+    assert 'pgqueue_limit_keys_at_cap{kind="queue",name="default"} 1.0' in text
+    assert 'pgqueue_limit_per_key_max_running{kind="type"' not in text, "no per-key part"

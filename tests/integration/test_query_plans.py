@@ -137,7 +137,8 @@ def partial_index(
 ) -> str:
     """The name of the partial index on pgqueue.tasks for rows of ``status`` that covers
     ``column``: found in the catalog, so a renamed index does not break these tests. The
-    waiting rows' indexes are split by key: ``keyed`` picks the one of tasks with a key."""
+    waiting tasks with a concurrency key have claim indexes of their own: ``keyed`` picks
+    those, else those of the tasks without a key (and every other index)."""
     rows = conn.execute(
         """
         SELECT c.relname
@@ -543,15 +544,20 @@ def test_prune_finds_tasks_past_retention_by_index(big: psycopg.Connection[Any])
 
 def test_promotion_walks_the_claim_index_per_queue_and_level(big: psycopg.Connection[Any]) -> None:
     """The starvation policy runs every sweep round over a backlog of any size: it must reach
-    the aged tasks through the claim index (a loose walk over the queues, then a range per
-    queue and level), never by reading the backlog."""
+    the aged tasks through the claim indexes (a loose walk over the queues, then a range per
+    queue and level), never by reading the backlog. (Tasks with a concurrency key: in
+    test_key_plans.py.)"""
     query = first_query(queues.task_promote(300, MAINTENANCE_BATCH))
     claim_index = partial_index(big, "queued", "queue")
+    key_index = partial_index(big, "queued", "queue", keyed=True)
     for label, plan in plans(big, query).items():
         assert_index_only_access(plan, f"promote ({label})")
-        used = {n.get("Index Name") for n in table_scans(plan["Plan"])}
-        # The claim index finds the tasks; the primary key is the UPDATE's way back to them.
-        assert claim_index in used and used <= {claim_index, "tasks_pkey"}, (label, used)
+        used = {n.get("Index Name") for n in nodes(plan["Plan"])} - {None}
+        # The claim indexes find the tasks; the primary key is the UPDATE's way back to them.
+        assert claim_index in used and used <= {claim_index, key_index, "tasks_pkey"}, (
+            label,
+            used,
+        )
 
 
 def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connection[Any]) -> None:

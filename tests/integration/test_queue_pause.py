@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from boundaries import Api, run_main
+from keyed_tasks import add_keyed
 
 import pgqueue
 from pgqueue import aio
@@ -103,6 +104,31 @@ def test_list_queues_shows_every_queue_with_tasks_or_a_setting_and_its_state(con
     }
     assert states["idle-but-paused"].paused and not states["emails"].paused
     assert states["emails"].updated_at is None  # never had a setting
+
+
+def test_a_queue_whose_only_tasks_have_a_concurrency_key_is_listed_and_known(database_url, conn):
+    """Tasks with a key wait in an index of their own (tasks_claim_key_idx): the queue list
+    and the probe before a pause (no --create needed) read it too."""
+    add_keyed(conn, "acme", 2, queue="tenants")
+    pgqueue.enqueue(conn, "send", queue="emails")
+
+    assert {q.name for q in pgqueue.list_queues(conn)} == {"emails", "tenants"}
+    assert pgqueue.pause_queue(conn, "tenants", create=False).paused
+    listed = run_main(database_url, "queue", "list")
+    assert [line.split()[:2] for line in listed.stdout.splitlines()[1:]] == [
+        ["emails", "running"],
+        ["tenants", "paused"],
+    ]
+    assert pgqueue.resume_queue(conn, "tenants").paused is False
+    paused = run_main(database_url, "queue", "pause", "tenants")
+    assert paused.code == 0, paused.stderr
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        resumed = api.request("POST", "/api/v1/queues/tenants/resume")
+        again = api.request("POST", "/api/v1/queues/tenants/pause")
+    finally:
+        api.close()
+    assert resumed.status_code == 200 and again.status_code == 200, again.text
 
 
 def test_cli_queue_list_shows_a_queue_whose_tasks_have_all_finished(database_url, conn):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from keyed_tasks import add_keyed
 
 import pgqueue
 from pgqueue import Priority
@@ -80,6 +81,28 @@ def test_every_queue_is_promoted_in_batches(conn):
     first = pgqueue.promote_aged(conn, after_seconds=PERIOD, limit=5, now=at(PERIOD + 1))
     rest = pgqueue.promote_aged(conn, after_seconds=PERIOD, limit=100, now=at(PERIOD + 1))
     assert len(first) == 5 and set(first) | set(rest) == ids and not set(first) & set(rest)
+
+
+def test_tasks_with_a_concurrency_key_climb_as_the_others_do(conn):
+    """Tasks with a key wait in an index of their own (tasks_claim_key_idx): promotion reads
+    it too, in a queue that has only keyed tasks as in one that has both."""
+    low = add_keyed(conn, "acme", 2, queue="tenants", priority=2, at=T0)
+    normal = add_keyed(conn, "zeta", 1, queue="tenants", priority=1, at=T0)
+    plain = pgqueue.enqueue(conn, "t", priority="low", queue="mixed", now=T0).id
+    mixed = add_keyed(conn, "acme", 1, queue="mixed", priority=2, at=T0)
+    young = add_keyed(conn, "acme", 1, queue="tenants", priority=2, at=at(PERIOD))
+
+    promoted = pgqueue.promote_aged(conn, after_seconds=PERIOD, now=at(PERIOD + 1))
+
+    assert set(promoted) == {*low, *normal, plain, *mixed}
+    assert [priority_of(conn, t) for t in low + mixed] == [Priority.NORMAL] * 3
+    assert priority_of(conn, normal[0]) is Priority.HIGH
+    assert priority_of(conn, young[0]) is Priority.LOW
+    task = pgqueue.get_task(conn, low[0])
+    assert task.submitted_priority is Priority.LOW and task.ready_since < at(1), task
+    # The wait restarts, then they climb again, with the young one now old enough.
+    second = pgqueue.promote_aged(conn, after_seconds=PERIOD, now=at(2 * PERIOD + 2))
+    assert set(second) == {*low, *mixed, *young, plain}
 
 
 @pytest.mark.parametrize("after", [0, -1, float("nan"), "60"])

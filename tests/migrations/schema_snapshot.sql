@@ -171,6 +171,7 @@ CREATE INDEX tasks_lease_idx ON pgqueue.tasks USING btree (lease_expires_at) WHE
 CREATE UNIQUE INDEX tasks_pkey ON pgqueue.tasks USING btree (id);
 CREATE INDEX tasks_retention_idx ON pgqueue.tasks USING btree (status, queue, finished_at) WHERE (status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text]));
 CREATE INDEX tasks_retrying_idx ON pgqueue.tasks USING btree (visible_after) WHERE ((status = 'queued'::text) AND (attempts > 0));
+CREATE INDEX tasks_running_key_idx ON pgqueue.tasks USING btree (concurrency_key) WHERE ((status = 'running'::text) AND (concurrency_key IS NOT NULL));
 CREATE INDEX tasks_waiting_idx ON pgqueue.tasks USING btree (queue, priority) WHERE (status = 'waiting'::text);
 CREATE INDEX tasks_workflow_idx ON pgqueue.tasks USING btree (workflow_id) WHERE (workflow_id IS NOT NULL);
 

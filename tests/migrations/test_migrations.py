@@ -247,7 +247,7 @@ def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade
     empty_database_url: str,
 ) -> None:
     """The docstring's path for a large table (the README gives the same statements): the
-    column added and the three claim indexes built without blocking writes first, then the
+    column added and the four indexes built without blocking writes first, then the
     revision finds them (IF NOT EXISTS), drops the old two and renames the new ones; a
     downgrade keeps the tasks (their keys go with the column)."""
     migrate.upgrade(empty_database_url, "0014_waiting_index")
@@ -255,7 +255,7 @@ def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade
     module = (REPO / "migrations" / "versions" / "0015_concurrency_keys.py").read_text()
     docstring = module.split('"""')[1]
     statements = re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", docstring)
-    assert len(statements) == 4, statements
+    assert len(statements) == 5, statements
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     for statement in statements:
         assert " ".join(statement.split()) in readme, "README's Schema migrations lacks it"
@@ -267,9 +267,9 @@ def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade
     assert rows(
         empty_database_url,
         "SELECT count(*) FROM pg_index WHERE indexrelid IN ('pgqueue.tasks_claim_idx'::regclass,"
-        " 'pgqueue.tasks_claim_type_idx'::regclass, 'pgqueue.tasks_claim_key_idx'::regclass)"
-        " AND indisvalid",
-    ) == [(3,)]
+        " 'pgqueue.tasks_claim_type_idx'::regclass, 'pgqueue.tasks_claim_key_idx'::regclass,"
+        " 'pgqueue.tasks_running_key_idx'::regclass) AND indisvalid",
+    ) == [(4,)]
 
     migrate.downgrade(empty_database_url, "0014_waiting_index")
 

@@ -607,7 +607,16 @@ class TaskLifecycle(RuleBasedStateMachine):
             "unknown": [UNKNOWN_ID],
         }
         group = data.draw(st.sampled_from([g for g, ids in groups.items() if ids]))
-        target = data.draw(st.sampled_from(groups[group]), label="task")
+        self.cancel_one(data.draw(st.sampled_from(groups[group]), label="task"))
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def cancel_while_running(self, data: st.DataObject) -> None:
+        """A cancel of a running task, a rule of its own: the draw among all the groups
+        above reaches it or not depending on the generator's version."""
+        self.cancel_one(data.draw(st.sampled_from([m.id for m in self.running()]), label="task"))
+
+    def cancel_one(self, target: uuid.UUID) -> None:
         if target == UNKNOWN_ID:
             with pytest.raises(pgqueue.TaskNotFound):
                 pgqueue.cancel(self.conn, target, now=self.now)

@@ -95,6 +95,46 @@ def test_prepare_plain_refuses_what_prepare_refuses_with_the_same_error(name):
     assert _raised(lambda: prepare_plain(new_task_id(), item, LIMIT, names)) == expected
 
 
+# Items with a concurrency key: prepare_plain is given the item's key by as_specs.
+GOOD_KEYED: list[dict[str, Any]] = [
+    {"type": "t", "concurrency_key": "acct-1"},
+    {"type": "t", "queue": "q", "priority": "low", "concurrency_key": "\U0001f389" * 200},
+    {"type": "t", "concurrency_key": None},
+]
+BAD_KEYED: dict[str, dict[str, Any]] = {
+    "empty key": {"type": "t", "concurrency_key": ""},
+    "int key": {"type": "t", "concurrency_key": 7},
+    "long key": {"type": "t", "concurrency_key": "k" * 201},
+    "NUL in key": {"type": "t", "concurrency_key": "a\x00"},
+    "bad queue before bad key": {"type": "t", "queue": "", "concurrency_key": ""},
+    "bad key before bad priority": {"type": "t", "concurrency_key": "", "priority": "x"},
+    "bad key before bad payload": {"type": "t", "concurrency_key": "", "payload": [1]},
+}
+
+
+@pytest.mark.parametrize("item", GOOD_KEYED, ids=repr)
+def test_prepare_plain_with_a_key_builds_what_prepare_builds(item):
+    task_id = new_task_id()
+    expected = prepare(**item, max_payload_bytes=LIMIT)._replace(id=task_id)
+    got = prepare_plain(task_id, item, LIMIT, set(), item["concurrency_key"])
+    assert got == expected and got.concurrency_key == item["concurrency_key"]
+
+
+@pytest.mark.parametrize("name", list(BAD_KEYED))
+def test_prepare_plain_with_a_key_refuses_what_prepare_refuses_with_the_same_error(name):
+    item = BAD_KEYED[name]
+    expected = _raised(lambda: prepare(**item, max_payload_bytes=LIMIT))
+    got = _raised(lambda: prepare_plain(new_task_id(), item, LIMIT, set(), item["concurrency_key"]))
+    assert got == expected
+
+
+def test_a_batch_of_dicts_with_and_without_keys_takes_each_ones_key():
+    from pgqueue.operations import as_specs
+
+    specs = as_specs([{"type": "t", "concurrency_key": "a"}, {"type": "t"}, GOOD_KEYED[1]])
+    assert [s.concurrency_key for s in specs] == ["a", None, GOOD_KEYED[1]["concurrency_key"]]
+
+
 def test_a_batch_of_dicts_gets_increasing_ids_in_its_order_with_options_or_not():
     prepared = pgqueue.prepare("t")
     items: list[Any] = [{"type": "t"}, {"type": "t", "delay": 5}, prepared, {"type": "t"}]
@@ -117,7 +157,7 @@ def test_new_task_ids_are_uuid7_and_continue_the_single_ids_order():
 def test_a_built_task_is_the_task_its_init_makes():
     spec = prepare("t", {"n": 1}, idempotency_key="k")
     now = datetime.now(UTC)
-    task = _inserted(spec, now, now, 3, "q", 1, now)
+    task = _inserted(spec._replace(concurrency_key="acct-1"), now, now, 3, "q", 1, now)
     made = Task(
         id=spec.id,
         queue="q",
@@ -139,6 +179,7 @@ def test_a_built_task_is_the_task_its_init_makes():
         finished_at=None,
         ready_since=now,
         expires_at=now,
+        concurrency_key="acct-1",
     )
     assert task == made and repr(task) == repr(made) and hash(task.id) == hash(made.id)
     assert list(vars(task)) == [f.name for f in dataclasses.fields(Task)]  # every field

@@ -125,6 +125,7 @@ def test_a_claimed_task_and_each_outcome_cross_the_pipe_unchanged() -> None:
         has_parents=True,
         workflow_id=uuid.uuid4(),
         parents=(parent,),
+        concurrency_key="tenant-7",
     )
     assert task_from(task_message(task)) == task
     for outcome in (

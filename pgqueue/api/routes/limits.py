@@ -1,5 +1,5 @@
-"""/api/v1/limits: how many tasks of a type or a queue may run at once, and how often they
-may start, across every worker."""
+"""/api/v1/limits: how many tasks of a type or a queue may run at once (in all, and per
+concurrency key), and how often they may start, across every worker."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def _target(kind: Kind, name: str) -> tuple[str | None, str | None]:
 
 @router.get("/limits", response_model=list[LimitOut], responses=responses(*COMMON))
 async def list_limits(state: AppState) -> list[LimitOut]:
-    """Every limit, with the tasks running under it and its starts in the rate window."""
+    """Every limit, with the tasks running under it, its starts in the rate window, and its
+    concurrency keys with tasks running and at their per-key cap."""
     async with state.connection() as conn:
         limits = await aio.list_limits(conn)
     return [LimitOut.of(x) for x in limits]
@@ -33,8 +34,9 @@ async def list_limits(state: AppState) -> list[LimitOut]:
 
 @router.put("/limits/{kind}/{name}", response_model=LimitOut, responses=responses(400, *COMMON))
 async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> LimitOut:
-    """Limit a task type or a queue across every worker: at most ``max_running`` at once
-    and at most ``rate`` starts in any ``per_seconds`` window."""
+    """Limit a task type or a queue across every worker: at most ``max_running`` at once,
+    at most ``rate`` starts in any ``per_seconds`` window, and at most
+    ``per_key_max_running`` at once per concurrency key."""
     type_, queue = _target(kind, name)
     async with state.connection() as conn:
         limit = await aio.set_limit(
@@ -44,6 +46,7 @@ async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> Li
             max_running=body.max_running,
             rate=body.rate,
             per=body.per_seconds,
+            per_key_max_running=body.per_key_max_running,
         )
     return LimitOut.of(limit)
 

@@ -21,8 +21,9 @@ async def metrics(state: AppState) -> Response:
             depth = await aio.overview(conn)
             queues = await aio.list_queues(conn)
             limits = await aio.list_limits(conn)
+            keys = await aio.busiest_keys(conn)
             held = await aio.oldest_snapshot(conn)
-        state.metrics.show(depth, queues, limits)
+        state.metrics.show(depth, queues, limits, keys)
         state.metrics.show_snapshot(held, config.snapshot_warn_seconds())
     return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

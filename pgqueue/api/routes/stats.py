@@ -14,6 +14,7 @@ from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.routes import V1
 from pgqueue.api.schemas import (
     DepthRow,
+    KeyStatsRow,
     Name,
     OldestSnapshotOut,
     StatsOut,
@@ -21,7 +22,7 @@ from pgqueue.api.schemas import (
     ThroughputRow,
     ThroughputSeriesOut,
 )
-from pgqueue.operations import MAX_SERIES_MINUTES
+from pgqueue.operations import DEFAULT_BUSIEST_KEYS, MAX_BUSIEST_KEYS, MAX_SERIES_MINUTES
 
 router = APIRouter(prefix=V1)
 
@@ -30,18 +31,22 @@ router = APIRouter(prefix=V1)
 async def stats(
     state: AppState,
     window_seconds: Annotated[float, Query(gt=0, le=86400)] = 60.0,
+    keys: Annotated[int, Query(ge=1, le=MAX_BUSIEST_KEYS)] = DEFAULT_BUSIEST_KEYS,
 ) -> StatsOut:
     """Queued, running, waiting (for their parents: a workflow's later steps) and
     dead-lettered tasks per queue, priority and status, with the oldest ready task's age (the
     autoscaling signal), and tasks finished per queue in the last ``window_seconds``.
     Completed and cancelled tasks are counted only there: counting every one kept would read
     the whole table on each call. Also the oldest snapshot that holds back vacuum of the
-    queue's table, flagged past ``PGQUEUE_SNAPSHOT_WARN_SECONDS``."""
+    queue's table, flagged past ``PGQUEUE_SNAPSHOT_WARN_SECONDS``, and the ``keys`` busiest
+    concurrency keys (at most 100): per queue and key, its tasks running and ready, busiest
+    (running + ready) first."""
     async with state.connection() as conn:
         depth = await aio.overview(conn)
         done = await aio.throughput(conn, window_seconds=window_seconds)
         queues = await aio.list_queues(conn)
         held = await aio.oldest_snapshot(conn)
+        busiest = await aio.busiest_keys(conn, limit=keys)
     warn = config.snapshot_warn_seconds()
     return StatsOut(
         depth=[DepthRow(**dataclasses.asdict(d)) for d in depth],
@@ -51,6 +56,7 @@ async def stats(
         oldest_snapshot=None if held is None else OldestSnapshotOut(**dataclasses.asdict(held)),
         oldest_snapshot_warning=held is not None and held.warns(warn),
         oldest_snapshot_warn_seconds=warn,
+        busiest_keys=[KeyStatsRow(**dataclasses.asdict(k)) for k in busiest],
     )
 
 

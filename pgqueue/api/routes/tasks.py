@@ -55,7 +55,7 @@ LOCATION = {
         409: {
             "model": IdempotencyConflictOut,
             "description": "key_reuse 'refuse' and the idempotency key is held by a task with "
-            "another type, queue or payload: nothing submitted",
+            "another type, queue, payload or concurrency key: nothing submitted",
         },
         **responses(400, *COMMON),
     },
@@ -72,9 +72,9 @@ async def submit(
     """Submit a task: 202 with the new task, or 200 with the original one when its
     idempotency key (body field or ``Idempotency-Key`` header) was used before; either
     without the payload, and with the task's URL in ``Location``. With
-    ``"key_reuse": "refuse"``, a used key answers 200 only for the same type, queue and
-    payload, and 409 ``idempotency_conflict`` (the original's ``task_id`` and the
-    ``differing_fields``) otherwise."""
+    ``"key_reuse": "refuse"``, a used key answers 200 only for the same type, queue,
+    payload and concurrency key, and 409 ``idempotency_conflict`` (the original's ``task_id``
+    and the ``differing_fields``) otherwise."""
     key = body.idempotency_key or idempotency_key
     if body.idempotency_key and idempotency_key and body.idempotency_key != idempotency_key:
         raise ValidationError("idempotency_key", "the header and the body field differ")
@@ -99,6 +99,7 @@ async def submit(
                     key_reuse=body.key_reuse,
                     expires_in=body.expires_in,
                     expires_at=body.expires_at,
+                    concurrency_key=body.concurrency_key,
                 )
     except IdempotencyConflict as exc:
         # Answered here rather than by the shared handlers: this body carries what only
