@@ -115,9 +115,9 @@ knows the earlier one stored, so "accepted" is exact here too.
 
 The keyed scenario sets its type's limit (``pgqueue.limits``, ``per_key_max_running`` 2)
 before its producer starts and removes it once its tasks are finished, so the scenarios after
-it run without a limit to probe. Its producer gives each task its key in the enqueue's
-transaction (an UPDATE after ``pgqueue.enqueue``, until the producer API for keys is on
-main), at least 200 tasks over at least 4 s. Its handlers journal each execution's start and
+it run without a limit to probe (``pgqueue.set_limit``, ``pgqueue.clear_limit``). Its producer
+gives each task its key (``pgqueue.enqueue(..., concurrency_key=...)``), at least 200 tasks
+over at least 4 s. Its handlers journal each execution's start and
 end in a file outside the database (``CHAOS_KEYED_JOURNAL``), first and last; checked from
 those lines alone, besides the rest: no moment at which a key had more executions running
 than its limit, an execution without an end line ending at the SIGKILL of its process (by
@@ -845,20 +845,17 @@ def plan(scenario: str, n: int, settings: Settings, rng: random.Random) -> list[
 
 
 def submit(conn: psycopg.Connection[Any], task: Planned) -> pgqueue.EnqueueResult:
-    """``pgqueue.enqueue`` of a planned task under its idempotency key; a keyed one gets its
-    concurrency key in the same transaction, before any worker can see it (an UPDATE: the
-    producer API for keys is not on main yet)."""
-    with conn.transaction():
-        result = pgqueue.enqueue(
-            conn, task.type, task.payload, queue=QUEUE, idempotency_key=task.key, retry=task.policy
-        )
-        if task.concurrency_key is not None:
-            conn.execute(
-                "UPDATE pgqueue.tasks SET concurrency_key = %s"
-                " WHERE id = %s AND concurrency_key IS NULL",
-                (task.concurrency_key, result.task.id),
-            )
-    return result
+    """``pgqueue.enqueue`` of a planned task under its idempotency key (and its concurrency
+    key, the keyed scenario's)."""
+    return pgqueue.enqueue(
+        conn,
+        task.type,
+        task.payload,
+        queue=QUEUE,
+        idempotency_key=task.key,
+        retry=task.policy,
+        concurrency_key=task.concurrency_key,
+    )
 
 
 class Producer(threading.Thread):
@@ -1191,16 +1188,9 @@ def set_keyed_limit(url: str, limit: int | None) -> None:
 
     def write(conn: psycopg.Connection[Any]) -> None:
         if limit is None:
-            conn.execute(
-                "DELETE FROM pgqueue.limits WHERE kind = 'type' AND name = %s", (KEYED_TYPE,)
-            )
-            return
-        conn.execute(
-            "INSERT INTO pgqueue.limits (kind, name, per_key_max_running) VALUES ('type', %s, %s)"
-            " ON CONFLICT (kind, name)"
-            " DO UPDATE SET per_key_max_running = excluded.per_key_max_running",
-            (KEYED_TYPE, limit),
-        )
+            pgqueue.clear_limit(conn, type=KEYED_TYPE)
+        else:
+            pgqueue.set_limit(conn, type=KEYED_TYPE, per_key_max_running=limit)
 
     retrying(url, write)
 

@@ -45,9 +45,10 @@ fresh work, which is not what is measured here.
               the limits alone share out (31 x 4 > 32): what each gets is the claim's doing.
               ``--fair-seconds`` (60).
 
-Until the producer API for keys is on main, live tasks are written with SQL as
-``pgqueue.enqueue`` would (an INSERT of the task with its ``concurrency_key``, and
-``pg_notify('pgqueue', 'default')`` in the same transaction); backlogs with COPY.
+Live tasks go in through the producer API (``pgqueue.enqueue(..., concurrency_key=...)``, and
+``pgqueue.enqueue_many`` of ``pgqueue.prepare(..., concurrency_key=...)`` for the hot key's
+transactions of 10), the limit through ``pgqueue.set_limit(..., per_key_max_running=...)``;
+the backlogs (100,000 tasks and more at once) with one SQL COPY each, as a bulk load would.
 
 Every figure comes from the handlers' records and the producer's own (each live task's id,
 key and the moment its commit returned; a backlog's keys, sizes and commit time), never from
@@ -91,10 +92,10 @@ statement) and the claim statement alone (``task_claim_keyed``, ``task_claim``),
 Targets: the whole keyed claim's p99 within 2 ms of the unkeyed one's at every key count, and
 flat (the largest p99 of the key counts at most 1.5x the smallest). And, for the fair claim at
 each key count, EXPLAIN ANALYZE of its generic plan (the plan a worker runs, prepared) just
-after a VACUUM, its time per CTE; the whole plans go into the JSON. Then the growth:
-``--cost-growth`` (1,600) rounds of a keyed and an unkeyed claim after a VACUUM and without
-another (as while an old snapshot stops vacuum), the medians per quarter against the lease
-entries added, and the plan at the end.
+after a VACUUM, its time per CTE; the whole plans go into the JSON. Then the growth under an
+old snapshot (an xid held open, issue 19's pressure): ``--cost-growth`` (1,600) rounds of a
+keyed claim of 4 on a queue of two deep keys and an unkeyed claim of 16 with a worker's claim
+starts, the medians per quarter against the keyed tasks claimed since the xid.
 """
 
 from __future__ import annotations
@@ -127,12 +128,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+import pgqueue
 from bench.loadkit import machine_busy_seconds, stop_group
 from bench.private_postgres import private_server
 from pgqueue import migrate
 from pgqueue.key_rotation import KeyRotation
 from pgqueue.models import ClaimedTask
 from pgqueue.queries import claiming, driver, leased
+from pgqueue.worker.claim_starts import ClaimStarts
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -192,21 +195,18 @@ def log(message: str) -> None:
 
 # --- producing -------------------------------------------------------------------------------
 
-INSERT = (
-    "WITH inserted AS (INSERT INTO pgqueue.tasks (id, type, payload, concurrency_key)"
-    " SELECT * FROM unnest(%s::uuid[], %s::text[], %s::jsonb[], %s::text[]) RETURNING 1)"
-    " SELECT pg_notify('pgqueue', 'default') FROM (SELECT 1 FROM inserted LIMIT 1) AS one"
-)
-
 
 def submit(conn: psycopg.Connection[Any], keys: Sequence[str]) -> list[str]:
-    """Keyed ``fair.work`` tasks, one transaction (the caller's, committed here), workers
-    woken as ``pgqueue.enqueue`` wakes them. Returns the tasks' ids (hex)."""
-    ids = [uuid.uuid4() for _ in keys]
-    payloads = [json.dumps({"k": k}) for k in keys]
+    """Keyed ``fair.work`` tasks in one transaction, through the producer API (one
+    ``pgqueue.enqueue``, or ``pgqueue.enqueue_many`` of prepared tasks for several), which
+    wakes the workers. Returns the tasks' ids (hex)."""
     with conn.transaction():
-        conn.execute(INSERT, (ids, [TYPE] * len(keys), payloads, list(keys)))
-    return [i.hex for i in ids]
+        if len(keys) == 1:
+            results = [pgqueue.enqueue(conn, TYPE, {"k": keys[0]}, concurrency_key=keys[0])]
+        else:
+            prepared = [pgqueue.prepare(TYPE, {"k": k}, concurrency_key=k) for k in keys]
+            results = pgqueue.enqueue_many(conn, prepared)
+    return [r.task.id.hex for r in results]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -685,11 +685,7 @@ def run_fleet(url: str, settings: Settings, records: Path, work: Path) -> FleetR
         while counter.count() < plain and time.monotonic() < deadline:
             time.sleep(0.2)  # the rest of the unkeyed backlog, before keys and limits arrive
         with psycopg.connect(url, **CONNECT) as conn:
-            conn.execute(
-                "INSERT INTO pgqueue.limits (kind, name, per_key_max_running)"
-                " VALUES ('type', %s, %s)",
-                (TYPE, settings.limit),
-            )
+            pgqueue.set_limit(conn, type=TYPE, per_key_max_running=settings.limit)
         cold.start()
         for r in range(1, settings.rounds + 1):
             phase(f"unloaded-{r}", settings.unloaded_s)
@@ -928,11 +924,13 @@ def plan_stages(plan: Mapping[str, Any]) -> dict[str, Any]:
     its CTEs (inclusive: a CTE is produced when first read, and ``room`` reads ``running``,
     ``locked`` reads ``rotation`` and ``room``), how many rows the keys offered (the largest
     Append under ``locked``: every visited key's next tasks, before the rounds cut them to
-    the batch), and how many index entries ``running`` read for how many running tasks (the
-    lease index keeps an entry per claim until vacuum removes it)."""
+    the batch), and what the counts of running tasks read from the indexes of running tasks
+    (the lease index, the running keyed tasks' index: each keeps an entry per claim until
+    vacuum removes it): the scans, and the rows they returned (a bitmap scan's are every
+    entry, the dead ones included)."""
     stages: dict[str, float] = {}
     offered = 0
-    running = {"index_entries": 0, "rows": 0}
+    running = {"index_entries": 0, "scans": 0}
 
     def walk(node: Mapping[str, Any], cte: str) -> None:
         nonlocal offered
@@ -943,10 +941,9 @@ def plan_stages(plan: Mapping[str, Any]) -> dict[str, Any]:
         rows = round(node["Actual Rows"] * node["Actual Loops"])
         if cte == "locked" and node["Node Type"] in ("Append", "Merge Append"):
             offered = max(offered, rows)
-        if cte == "running" and node["Node Type"].endswith("Index Scan"):
-            running["index_entries"] += rows
-        if cte == "running" and name == "CTE running":
-            running["rows"] = rows
+        if node.get("Index Name") in RUNNING_INDEXES:
+            running["index_entries"] += rows  # a bitmap scan's: every entry, dead ones too
+            running["scans"] += node["Actual Loops"]
         for child in node.get("Plans", []):
             walk(child, cte)
 
@@ -960,17 +957,18 @@ def plan_stages(plan: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+RUNNING_INDEXES = ("tasks_lease_idx", "tasks_running_key_idx")
 VACUUM_EVERY = 50  # rounds of the cost's claims between two VACUUMs (about 4,000 lease entries)
 
 
 def one_claim(
-    conn: psycopg.Connection[Any], kind: str, rotation: KeyRotation
+    conn: psycopg.Connection[Any], kind: str, rotation: KeyRotation, limit: int = 16
 ) -> tuple[float, float, list[ClaimedTask]]:
     """One claim of 16 as a worker makes it, timed: the whole claim and its claim statement
     alone (keyed: claim_round with the rotation, in a transaction of its own; unkeyed: the
     ordinary claim, one statement). What it took is completed afterwards, untimed."""
     times: dict[str, float] = {}
-    args: dict[str, Any] = {"queues": [kind], "limit": 16, "owner": "cost", "lease_seconds": 30}
+    args: dict[str, Any] = {"queues": [kind], "limit": limit, "owner": "cost", "lease_seconds": 30}
     began = time.perf_counter()
     if kind == "plain":
         tasks = driver.run(conn, timed(claiming.task_claim(**args), times))
@@ -994,11 +992,7 @@ def claim_cost(server_url: str, settings: Settings) -> dict[str, Any]:
         migrate.upgrade(url)
         n = settings.cost_backlog
         with psycopg.connect(url, **CONNECT) as conn:
-            conn.execute(
-                "INSERT INTO pgqueue.limits (kind, name, per_key_max_running)"
-                " VALUES ('type', 'cost.keyed', %s)",
-                (settings.limit,),
-            )
+            pgqueue.set_limit(conn, type="cost.keyed", per_key_max_running=settings.limit)
             with (
                 conn.transaction(),
                 conn.cursor().copy(
@@ -1052,9 +1046,6 @@ def claim_cost(server_url: str, settings: Settings) -> dict[str, Any]:
                     "text": explain_generic(conn, keyed_claim(kind)),
                 }
             growth = lease_growth(conn, settings, rotations)
-            middle = f"k{settings.cost_keys[len(settings.cost_keys) // 2]}"
-            tree = explain_generic(conn, keyed_claim(middle), "JSON")
-            growth["explain"] = {**plan_stages(tree), "kind": middle}
         rows = {}
         for kind in kinds:
             rows[kind] = {
@@ -1095,32 +1086,60 @@ def claim_cost(server_url: str, settings: Settings) -> dict[str, Any]:
 def lease_growth(
     conn: psycopg.Connection[Any], settings: Settings, rotations: Mapping[str, KeyRotation]
 ) -> dict[str, Any]:
-    """The claims' cost as the lease index fills: every claim adds an entry per task to the
-    index of running tasks, which only vacuum removes (and cannot while an old snapshot is
-    held). From a VACUUM on, ``--cost-growth`` rounds of a keyed claim (the middle key
-    count) and an unkeyed one, without vacuum; medians per quarter, with the lease entries
-    added since the VACUUM."""
-    kind = f"k{settings.cost_keys[len(settings.cost_keys) // 2]}"
-    conn.execute("VACUUM pgqueue.tasks")
+    """The claims' cost while an old snapshot is held (a transaction holding an xid, issue
+    19's pressure: vacuum can then remove nothing, and no scan may mark an entry dead): every
+    claim leaves an entry per task in the indexes of running tasks, which the fair claim reads
+    to count a key's running tasks. A queue of two keys with deep backlogs, claimed 4 at a time
+    (the per-key limit leaves no more), and the unkeyed queue claimed 16 at a time with the
+    claim starts a worker keeps (pgqueue/worker/claim_starts.py: its walk steps over no dead
+    entry), ``--cost-growth`` rounds of both after a VACUUM and the xid; medians per quarter
+    against the tasks claimed since."""
+    per_key = settings.cost_growth * 4
+    with (
+        conn.transaction(),
+        conn.cursor().copy(
+            "COPY pgqueue.tasks (queue, type, payload, concurrency_key) FROM STDIN"
+        ) as copy,
+    ):
+        for _ in range(per_key):
+            for key in ("a", "b"):
+                copy.write_row(("growth", "cost.keyed", "{}", key))
+    conn.execute("VACUUM ANALYZE pgqueue.tasks")
+    rotation = KeyRotation()
+    starts = ClaimStarts(0.5, 30)
     rounds: list[tuple[int, float, float]] = []
-    entries = 0
-    for _ in range(settings.cost_growth):
-        keyed, _, tasks = one_claim(conn, kind, rotations[kind])
-        plain, _, more = one_claim(conn, "plain", rotations["plain"])
-        rounds.append((entries, keyed, plain))
-        entries += len(tasks) + len(more)
+    claimed = 0
+    with psycopg.connect(conn.info.dsn, **CONNECT) as pin:
+        pin.execute("BEGIN")
+        pin.execute("SELECT txid_current()")
+        for _ in range(settings.cost_growth):
+            keyed, _, tasks = one_claim(conn, "growth", rotation, limit=4)
+            walk = starts.next()
+            began = time.perf_counter()
+            more = driver.run(
+                conn,
+                claiming.task_claim(
+                    queues=["plain"], limit=16, owner="cost", lease_seconds=30, starts=walk
+                ),
+            )
+            plain = time.perf_counter() - began
+            starts.claimed(more, starts=walk, seconds=plain)
+            complete(conn, more)
+            rounds.append((claimed, keyed, plain))
+            claimed += len(tasks)
+        pin.execute("COMMIT")
     quarter = max(1, len(rounds) // 4)
     out = []
     for q in range(0, len(rounds), quarter):
         part = rounds[q : q + quarter]
         out.append(
             {
-                "lease_entries": [part[0][0], part[-1][0]],
+                "keyed_claimed": [part[0][0], part[-1][0]],
                 "keyed_p50_ms": ms(quantile([k for _, k, _ in part], 0.5)),
                 "unkeyed_p50_ms": ms(quantile([u for _, _, u in part], 0.5)),
             }
         )
-    return {"kind": kind, "quarters": out}
+    return {"kind": "growth", "quarters": out}
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -1190,38 +1209,29 @@ def report(result: dict[str, Any], settings: Settings) -> str:
             "The fair claim's statement after the samples, EXPLAIN ANALYZE of its generic plan"
             " (ms; a CTE's time includes the CTEs it reads):",
             "",
-            "| keys | execution | planning | running | room | rotation | locked | claimed"
-            " | rows offered | running: index entries read / rows |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| keys | execution | planning | its CTEs | rows offered"
+            " | running-task indexes: scans / rows read |",
+            "|---|---|---|---|---|---|",
         ]
         for kind, p in cost["explain"].items():
-            c = p["ctes_ms"]
+            ctes = ", ".join(f"{name} {t}" for name, t in p["ctes_ms"].items() if name != "clock")
             lines.append(
-                f"| {int(kind[1:]):,} | {p['execution_ms']} | {p['planning_ms']} |"
-                f" {c.get('running')} | {c.get('room')} | {c.get('rotation')} |"
-                f" {c.get('locked')} | {c.get('claimed')} | {p['offered_rows']} |"
-                f" {p['running']['index_entries']} / {p['running']['rows']} |"
+                f"| {int(kind[1:]):,} | {p['execution_ms']} | {p['planning_ms']} | {ctes} |"
+                f" {p['offered_rows']} | {p['running']['scans']} /"
+                f" {p['running']['index_entries']} |"
             )
-        growth = cost["growth"]
-        keys = int(growth["kind"][1:])
         lines += [
             "",
-            f"As the lease index fills (no vacuum; a keyed claim at {keys:,} keys and an unkeyed"
-            " one in turn, medians per quarter of the rounds):",
+            "With an xid held open (vacuum removes nothing): two deep keys claimed 4 at a time,"
+            " and the unkeyed queue 16 at a time with a worker's claim starts, in turn"
+            " (medians per quarter of the rounds):",
             "",
-            "| lease entries added since the VACUUM | keyed claim p50 (ms) | unkeyed p50 (ms) |",
+            "| keyed tasks claimed since the xid | keyed claim p50 (ms) | unkeyed p50 (ms) |",
             "|---|---|---|",
         ]
-        for q in growth["quarters"]:
-            lo, hi = q["lease_entries"]
+        for q in cost["growth"]["quarters"]:
+            lo, hi = q["keyed_claimed"]
             lines.append(f"| {lo:,}-{hi:,} | {q['keyed_p50_ms']} | {q['unkeyed_p50_ms']} |")
-        e = growth["explain"]
-        lines.append(
-            f"\nThen the fair claim's plan: execution {e['execution_ms']} ms, of which"
-            f" running {e['ctes_ms'].get('running')} ms reading"
-            f" {e['running']['index_entries']:,} lease-index entries for"
-            f" {e['running']['rows']} running tasks."
-        )
     lines += ["", "| target | value | wanted | verdict |", "|---|---|---|---|"]
     for part in ("fleet", "cost"):
         for name, t in (result.get(part) or {}).get("targets", {}).items():
@@ -1261,7 +1271,7 @@ def parse(argv: Sequence[str]) -> Settings:
     ap.add_argument("--cost-keys", default="100,1000,10000,100000")
     ap.add_argument("--cost-backlog", type=int, help="tasks per cost queue (100,000)")
     ap.add_argument("--cost-samples", type=int, help="claims per kind (500)")
-    ap.add_argument("--cost-growth", type=int, help="rounds without vacuum (1,600; smoke 200)")
+    ap.add_argument("--cost-growth", type=int, help="rounds with an xid held (1,600; smoke 200)")
     ap.add_argument("--json", type=Path, help="the result as JSON (default under bench/results)")
     ap.add_argument("--keep-records", type=Path, help="keep the handlers' records here")
     args = ap.parse_args(argv)
