@@ -37,6 +37,11 @@ while the scenario's faults are injected:
 ``workflow``              issue 16: the tasks are workflows (below); SIGKILLs of workers and
                           ``pg_terminate_backend`` of their connections, ``--repeats`` of
                           each, and one restart ``-m immediate``, in a seeded order
+``keyed``                 tasks with a concurrency key (299 keys and a hot one that submits
+                          half the tasks) of a type with a per-key limit of 2, a tenth of
+                          them long (up to 0.45 lease); SIGKILLs of workers and
+                          ``pg_terminate_backend`` of their connections, ``--repeats`` of each,
+                          and one restart ``-m fast``, in a seeded order
 ``executor``              the workers run every handler in the process executor's children
                           (``--executor process --process-pool-size 4 --memory-limit
                           200``); handlers that segfault, ``os._exit(3)``, hang in C past
@@ -107,6 +112,19 @@ cancelled step and a completed one. At least 150 tasks over at least 6 s, paced 
 is one transaction that first inserts the workflow's key into ``chaos.workflows`` (then its
 id and task ids): a retry whose insert finds the key (waiting for a commit still in flight)
 knows the earlier one stored, so "accepted" is exact here too.
+
+The keyed scenario sets its type's limit (``pgqueue.limits``, ``per_key_max_running`` 2)
+before its producer starts and removes it once its tasks are finished, so the scenarios after
+it run without a limit to probe (``pgqueue.set_limit``, ``pgqueue.clear_limit``). Its producer
+gives each task its key (``pgqueue.enqueue(..., concurrency_key=...)``), at least 200 tasks
+over at least 4 s. Its handlers journal each execution's start and
+end in a file outside the database (``CHAOS_KEYED_JOURNAL``), first and last; checked from
+those lines alone, besides the rest: no moment at which a key had more executions running
+than its limit, an execution without an end line ending at the SIGKILL of its process (by
+the run) or else at its process's death (as the reaper saw it, a little late), and none
+with neither (it would count as running to the end). Reported: the most one key ran at once
+and for how many seconds some key ran at its limit (the hot key's backlog keeps it there:
+the limit is put to the test).
 
 A pinned scenario's pressure opens at 20 % of its producer window and ends at 80 % (where
 the other scenarios' faults fall). It runs on the driver's own connections (never terminated
@@ -196,6 +214,7 @@ SCENARIOS = (
     "pinned_xid",
     "pinned_readers",
     "workflow",
+    "keyed",
     "executor",
     "failover_async",
     "failover_sync",
@@ -218,7 +237,9 @@ PROCESS_POISON = {f"chaos.proc_{kind}_always": kind for kind in PROCESS_FAULTS}
 PROCESS_FLAKY = {f"chaos.proc_{kind}": kind for kind in PROCESS_FAULTS}
 POISON_TYPES = frozenset({"chaos.poison", "chaos.suicide_always", *PROCESS_POISON})
 # The tasks that must simply complete: recovery is measured on them.
-NORMAL_TYPES = frozenset({"chaos.work", "chaos.step", "chaos.link", "chaos.proc_work"})
+NORMAL_TYPES = frozenset(
+    {"chaos.work", "chaos.step", "chaos.link", "chaos.proc_work", "chaos.keyed"}
+)
 # The executor scenario: its workers' options (every handler in a child), the least time its
 # producer spreads its tasks over, and its innocent tasks (in children too).
 EXECUTOR_ARGS = (*("--executor", "process", "--process-pool-size", "4", "--memory-limit", "200"),)
@@ -229,6 +250,21 @@ RECEIVING_TYPES = frozenset({"chaos.step", "chaos.link"})
 FINAL = frozenset({"completed", "failed", "cancelled"})
 WORKFLOW_MIN_WINDOW = 6.0  # seconds: the workflow scenario's producer runs at least this long
 WORKFLOW_MIN_TASKS = 150  # and submits at least this many tasks (a few chords even in the smoke)
+# The keyed scenario: its tasks' type, the per-key limit on it (per_key_max_running), the
+# keys (one hot, which submits KEYED_HOT_SHARE of the tasks, more than it can run at its
+# limit, so that it runs at its limit with a backlog), the share of long tasks (that run
+# through a fault; under half a lease, so that no outage the scenario makes outlives a lease
+# they hold), and its least size and window (the faults fall among its tasks even in the
+# smoke).
+KEYED_TYPE = "chaos.keyed"
+KEYED_LIMIT = 2
+KEYED_KEYS = 300
+KEYED_HOT = "hot"
+KEYED_HOT_SHARE = 0.5
+KEYED_LONG_SHARE = 0.1
+KEYED_MIN_TASKS = 200
+KEYED_MIN_WINDOW = 4.0
+KEYED_JOURNAL = "keyed-journal.jsonl"
 QUEUE = "chaos"
 DRIVER = "chaos-driver"  # application_name of our own connections: never terminated by us
 
@@ -284,6 +320,7 @@ class Settings:
     smoke: bool
     failover_lag: float = 0.5  # seconds the link to the standby is held before a failover
     failover_down: float | None = None  # seconds from the crash to the promotion (None: a lease)
+    keyed_restart: str = "fast"  # the keyed scenario's restart: fast, or immediate (a crash)
 
     @property
     def down(self) -> float:
@@ -346,6 +383,8 @@ class Fleet:
         # libpq's default application_name: the worker's sessions say whose they are (the
         # handlers' side pool names its own).
         env["PGAPPNAME"] = f"chaos-worker-{slot}"
+        # Where the keyed scenario's handlers journal their starts and ends.
+        env["CHAOS_KEYED_JOURNAL"] = str(self.log_dir / KEYED_JOURNAL)
         env.update(self.config.env)
         with (self.log_dir / f"worker-{slot}.log").open("ab") as out:
             self.procs[slot] = subprocess.Popen(
@@ -732,6 +771,7 @@ class Planned:
     payload: dict[str, Any]
     key: str
     policy: pgqueue.RetryPolicy
+    concurrency_key: str | None = None
 
 
 @dataclasses.dataclass
@@ -786,11 +826,36 @@ def plan(scenario: str, n: int, settings: Settings, rng: random.Random) -> list[
                 for _ in range(settings.repeats)
             ]
             special.append(Planned(f"chaos.proc_{kind}_always", {"scenario": scenario}, "", POISON))
+    if scenario == "keyed":
+        for task in out:
+            key = (
+                KEYED_HOT
+                if rng.random() < KEYED_HOT_SHARE
+                else f"k{rng.randrange(KEYED_KEYS - 1):03d}"
+            )
+            task.type, task.concurrency_key = KEYED_TYPE, key
+            task.payload["k"] = key
+            if rng.random() < KEYED_LONG_SHARE:  # runs through a fault, within a lease
+                task.payload["ms"] = round(rng.uniform(0.15, 0.45) * settings.lease * 1000)
     for task in special:
         out.insert(rng.randint(len(out) // 3, max(len(out) // 3, 2 * len(out) // 3)), task)
     for i, task in enumerate(out):
         task.key = f"chaos:{scenario}:{i}"
     return out
+
+
+def submit(conn: psycopg.Connection[Any], task: Planned) -> pgqueue.EnqueueResult:
+    """``pgqueue.enqueue`` of a planned task under its idempotency key (and its concurrency
+    key, the keyed scenario's)."""
+    return pgqueue.enqueue(
+        conn,
+        task.type,
+        task.payload,
+        queue=QUEUE,
+        idempotency_key=task.key,
+        retry=task.policy,
+        concurrency_key=task.concurrency_key,
+    )
 
 
 class Producer(threading.Thread):
@@ -821,14 +886,7 @@ class Producer(threading.Thread):
                 try:
                     if conn is None or conn.closed:
                         conn = connect(self.url)
-                    result = pgqueue.enqueue(
-                        conn,
-                        task.type,
-                        task.payload,
-                        queue=QUEUE,
-                        idempotency_key=task.key,
-                        retry=task.policy,
-                    )
+                    result = submit(conn, task)
                     self.acked_at[task.key] = time.time()
                     self.accepted[task.key] = result.task.id
                     break
@@ -1043,6 +1101,14 @@ def workflow_faults(settings: Settings) -> list[str]:
     return ["kill9"] * settings.repeats + ["terminate"] * settings.repeats + ["restart_immediate"]
 
 
+def keyed_faults(settings: Settings) -> list[str]:
+    """The keyed scenario's faults: SIGKILLs and terminated backends, ``repeats`` of each,
+    and one server restart (``-m fast`` by default: every session ends, the server is back
+    within a second or two, less than a lease; ``--keyed-restart immediate``: a crash)."""
+    kills = ["kill9"] * settings.repeats + ["terminate"] * settings.repeats
+    return [*kills, f"restart_{settings.keyed_restart}"]
+
+
 def inject(
     scenario: str,
     settings: Settings,
@@ -1062,13 +1128,15 @@ def inject(
     kinds = (
         workflow_faults(settings)
         if scenario == "workflow"
+        else keyed_faults(settings)
+        if scenario == "keyed"
         else ["kill9"] * settings.repeats
         if scenario == "executor"
         else [scenario] * settings.repeats
     )
     t0 = time.monotonic()
     moments = sorted(rng.uniform(0.2, 0.8) * window for _ in kinds)
-    if scenario == "workflow":
+    if scenario in ("workflow", "keyed"):
         rng.shuffle(kinds)
     for moment, kind in zip(moments, kinds, strict=True):
         wait = t0 + moment - time.monotonic()
@@ -1109,6 +1177,114 @@ def inject(
     for timer in resumes:
         timer.join()
     return faults
+
+
+# --- the keyed scenario -----------------------------------------------------------------------
+
+
+def set_keyed_limit(url: str, limit: int | None) -> None:
+    """The keyed scenario's per-key limit on its type (None: removed again, so that the
+    scenarios after it run as they always did, without a limit to probe)."""
+
+    def write(conn: psycopg.Connection[Any]) -> None:
+        if limit is None:
+            pgqueue.clear_limit(conn, type=KEYED_TYPE)
+        else:
+            pgqueue.set_limit(conn, type=KEYED_TYPE, per_key_max_running=limit)
+
+    retrying(url, write)
+
+
+def read_keyed_journal(path: Path) -> list[dict[str, Any]]:
+    """The keyed journal's lines (``start`` and ``end`` of every keyed execution)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def check_keyed(
+    lines: Iterable[Mapping[str, Any]],
+    limit: int,
+    killed: Mapping[int, float],
+    deaths: Iterable[tuple[float, int, int]],
+) -> dict[str, Any]:
+    """The per-key limit, from the handlers' own journal alone: each execution runs from its
+    ``start`` line to its ``end`` line or, without one, to the SIGKILL of its process by the
+    run (it ended then at the latest) or else its process's death as the reaper saw it (a
+    little after it); an execution with none of these ends never (it counts as running to
+    the end). ``violations``: each stretch in which a key had more than ``limit``
+    executions running (at equal times an end counts before a start), with the executions
+    involved; ``peak``: the most one key ever ran at once; ``at_limit_s``: the seconds some
+    key ran at its limit (how much the limit was put to the test)."""
+    starts: dict[tuple[str, str, int], dict[str, Any]] = {}
+    ends: dict[tuple[str, str, int], float] = {}
+    for x in lines:
+        ident = (str(x["task_id"]), str(x["lease"]), int(x["pid"]))
+        if x["e"] == "start":
+            starts[ident] = dict(x)
+        else:
+            ends[ident] = float(x["at"])
+    died: dict[int, list[float]] = {}
+    for at, pid, _ in deaths:
+        died.setdefault(pid, []).append(at)
+    events: list[tuple[float, int, str, str]] = []
+    by_kill = by_death = unended = 0
+    for ident, x in starts.items():
+        began = float(x["at"])
+        end = ends.get(ident)
+        if end is None and killed.get(ident[2], -1.0) >= began:
+            end, by_kill = killed[ident[2]], by_kill + 1
+        elif end is None and any(at >= began for at in died.get(ident[2], [])):
+            end, by_death = min(at for at in died[ident[2]] if at >= began), by_death + 1
+        elif end is None:
+            end, unended = math.inf, unended + 1
+        label = f"{ident[0]} attempt {x['attempt']} pid {ident[2]}"
+        events += [(end, 0, str(x["key"]), label), (began, 1, str(x["key"]), label)]
+    events.sort()
+    running: dict[str, set[str]] = {}
+    violations: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    peak = 0
+    at_limit = 0.0
+    full: dict[str, float] = {}  # key -> since when it runs at its limit
+    for at, kind, key, label in events:
+        now = running.setdefault(key, set())
+        if kind == 0:
+            now.discard(label)
+        else:
+            now.add(label)
+        n = len(now)
+        peak = max(peak, n)
+        if n >= limit and key not in full:
+            full[key] = at
+        elif n < limit and key in full:
+            at_limit += at - full.pop(key)
+        if n > limit:
+            v = open_.setdefault(key, {"key": key, "at": at, "peak": n, "executions": set()})
+            v["peak"] = max(v["peak"], n)
+            v["executions"] |= now
+        elif key in open_:
+            v = open_.pop(key)
+            violations.append(
+                {**v, "seconds": round(at - v["at"], 3), "executions": sorted(v["executions"])}
+            )
+    for v in open_.values():
+        violations.append({**v, "seconds": None, "executions": sorted(v["executions"])})
+    return {
+        "limit": limit,
+        "executions": len(starts),
+        "ended_by_kill": by_kill,
+        "ended_by_death": by_death,
+        "unended": unended,
+        "keys": len({str(x["key"]) for x in starts.values()}),
+        "peak": peak,
+        "at_limit_s": round(at_limit, 1),
+        "violations": violations,
+    }
 
 
 # --- the failover scenarios -------------------------------------------------------------------
@@ -1928,6 +2104,12 @@ def failures(row: dict[str, Any]) -> list[str]:
         " explain": len(row.get("innocent_reruns", [])),
         "process faults recorded with the wrong cause": len(row.get("wrong_causes", [])),
         "workers that died though the run did not kill them": row.get("workers_died_unkilled", 0),
+        "moments a key ran more handlers than its per-key limit (the handlers' journal)": len(
+            row.get("keyed", {}).get("violations", [])
+        ),
+        "keyed executions with neither an end nor a known death": row.get("keyed", {}).get(
+            "unended", 0
+        ),
     }
     failover = row.get("failover")
     if failover is not None:
@@ -2044,6 +2226,8 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                 else:
                     if pair is not None:  # a failover must fall among tasks, even in the smoke
                         n = max(n, FAILOVER_MIN_TASKS)
+                    if scenario == "keyed":
+                        n = max(n, KEYED_MIN_TASKS)
                     tasks = plan(scenario, n, settings, rng)
                     planned = len(tasks)
                     if scenario in PINNED:  # tasks must keep arriving for the whole pressure
@@ -2052,12 +2236,16 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                         rate = min(rate, planned / EXECUTOR_MIN_WINDOW)
                     if pair is not None:
                         rate = min(rate, planned / FAILOVER_MIN_WINDOW)
+                    if scenario == "keyed":  # the faults must fall among keyed tasks
+                        rate = min(rate, planned / KEYED_MIN_WINDOW)
                     producer = Producer(target, tasks, rate)
                     what = f"{planned} tasks"
                 window = planned / rate
                 fleet.reconfigure(config)
                 while len(pairs) > (1 if pair is not None else 0):  # no worker uses them now
                     pairs.pop(0).close()
+                if scenario == "keyed":
+                    set_keyed_limit(url, KEYED_LIMIT)
                 log(f"{scenario}: {what} over {window:.1f} s")
                 began = time.time()
                 # A failover pair's own sampler: the run's server is not where its tasks are.
@@ -2082,6 +2270,9 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
                 )
                 ended = time.time()
                 row = verify(target, scenario, producer, faults, settings)
+                if scenario == "keyed":
+                    set_keyed_limit(url, None)
+                    row["_keyed"] = read_keyed_journal(log_dir / KEYED_JOURNAL)
                 if isinstance(producer, WorkflowProducer):
                     kinds = [kind for kind, _, _ in producer.accepted.values()]
                     row["workflows"] = {k: kinds.count(k) for k in sorted(set(kinds))}
@@ -2152,6 +2343,8 @@ def run(settings: Settings, keep: Path | None = None) -> dict[str, Any]:
         lo, hi = row.pop("_window")
         own_deaths = sum(1 for at, pid, _ in deaths if lo <= at <= hi and pid not in killed)
         check_executor(row, events, killed, own_deaths, settings.lease)
+        if "_keyed" in row:
+            row["keyed"] = check_keyed(row.pop("_keyed"), KEYED_LIMIT, killed, deaths)
         if "_failover" in row:
             row["workers_died_unkilled"] = own_deaths  # the failover kills no worker
         finish_failover(row, events)
@@ -2206,6 +2399,7 @@ TABLE_HEADERS = (
     "process: overlaps / innocent re-runs / wrong cause",
     "failover: acked enqueues lost / acked completions re-run / running re-run / promoted (s) /"
     " workers back (s)",
+    "per-key limit: violations / most at once / limit / some key at it (s)",
 )
 SUMMED = (
     "fault_count",
@@ -2272,7 +2466,14 @@ def _cells(row: dict[str, Any]) -> list[Any]:
             else ""
         ),
         _failover_cell(row.get("failover")),
+        _keyed_cell(row.get("keyed")),
     ]
+
+
+def _keyed_cell(k: dict[str, Any] | None) -> str:
+    if k is None:
+        return ""
+    return f"{len(k['violations'])} / {k['peak']} / {k['limit']} / {k['at_limit_s']}"
 
 
 def _failover_cell(f: dict[str, Any] | None) -> str:
@@ -2322,6 +2523,8 @@ def command_line(settings: Settings) -> str:
             extra += f" --failover-lag {settings.failover_lag:g}"
         if settings.failover_down is not None:
             extra += f" --failover-down {settings.failover_down:g}"
+    if "keyed" in settings.scenarios and settings.keyed_restart != "fast":
+        extra += f" --keyed-restart {settings.keyed_restart}"
     if settings.smoke:
         return f"python -m bench.chaos --smoke --seed {settings.seed}{extra}"
     return (
@@ -2395,6 +2598,12 @@ def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
         type=float,
         help="seconds from the primary's crash to the standby's promotion (default a lease)",
     )
+    ap.add_argument(
+        "--keyed-restart",
+        choices=("fast", "immediate"),
+        default="fast",
+        help="the keyed scenario's server restart (default fast; immediate: a crash)",
+    )
     ap.add_argument("--json", type=Path, help="write the whole result as JSON here")
     ap.add_argument("--log-dir", type=Path, help="keep the workers' logs here")
     ap.add_argument(
@@ -2419,6 +2628,7 @@ def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
         smoke=args.smoke,
         failover_lag=args.failover_lag,
         failover_down=args.failover_down,
+        keyed_restart=args.keyed_restart,
     )
     if settings.tasks < 10 * len(scenarios):
         ap.error(f"give at least {10 * len(scenarios)} tasks for {len(scenarios)} scenarios")

@@ -34,6 +34,13 @@ execution, so the run can count what was lost, what ran twice and why.
   the time). A failover with asynchronous replication loses the newest commits, the rows of
   ``chaos.executions`` among them, so an execution that ran and was then forgotten by the
   promoted standby is still counted there.
+* The keyed scenario's ``chaos.keyed`` is ``chaos.work`` with a concurrency key (the payload's
+  ``k``, which the producer also gives pgqueue): its type has a per-key limit, and each of its
+  executions appends a ``start`` line to ``CHAOS_KEYED_JOURNAL`` (a file outside the
+  database, like ``CHAOS_JOURNAL``) before anything else, and an ``end`` line in a
+  ``finally`` (a process killed in the handler writes none: it ended at the kill at the
+  latest). The run counts, from these lines alone, the moments a key had more handlers
+  running than its limit.
 * The fault types do what production does to a queue: ``chaos.hang`` blocks its worker's event
   loop past the lease on its first attempt (a blocking call in an async handler: the heartbeat
   stops too), ``chaos.suicide`` kills its own process on its first attempt, and the poison
@@ -77,6 +84,7 @@ SIDE_IDLE = 8  # idle side connections a worker process keeps
 _conn: psycopg.Connection[Any] | None = None  # a process task's side connection (sync)
 _conn_pid = 0
 _journal_fd: int | None = None  # CHAOS_JOURNAL, opened for appending on the first execution
+_keyed_fd: int | None = None  # CHAOS_KEYED_JOURNAL, likewise
 # The worker's pid: this module is imported by the worker, and its process executor's children
 # are forked (through its fork server) from it, so they inherit the worker's value.
 WORKER_PID = os.getpid()
@@ -149,6 +157,25 @@ def _journal(ctx: pgqueue.TaskContext, pid: int) -> None:
         "at": time.time(),
     }
     os.write(_journal_fd, (json.dumps(line) + "\n").encode())
+
+
+def _keyed_journal(ctx: pgqueue.TaskContext, key: str, what: str) -> None:
+    """A ``start`` or ``end`` line of a keyed execution in ``CHAOS_KEYED_JOURNAL``, in one
+    O_APPEND write (lines of several processes never interleave)."""
+    global _keyed_fd
+    if _keyed_fd is None:
+        path = os.environ["CHAOS_KEYED_JOURNAL"]
+        _keyed_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = {
+        "e": what,
+        "task_id": str(ctx.task_id),
+        "lease": str(ctx.lease.token),
+        "attempt": ctx.attempt,
+        "key": key,
+        "pid": os.getpid(),
+        "at": time.time(),
+    }
+    os.write(_keyed_fd, (json.dumps(line) + "\n").encode())
 
 
 class SidePool:
@@ -333,6 +360,18 @@ async def hang(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
     await _record_start(ctx)
     if ctx.attempt == 1:
         time.sleep(payload["hang_s"])  # blocking on purpose: this is the fault
+
+
+@tasks.handler("chaos.keyed", retry=SURVIVE)
+async def keyed(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> None:
+    """``chaos.work`` under a per-key limit, its start and end journaled outside the
+    database first and last (the keyed scenario's evidence of how many ran per key)."""
+    _keyed_journal(ctx, payload["k"], "start")
+    try:
+        await _record_start(ctx)
+        await _step_work(ctx, payload["ms"], payload["mode"])
+    finally:
+        _keyed_journal(ctx, payload["k"], "end")
 
 
 @tasks.handler("chaos.suicide", retry=SURVIVE)
