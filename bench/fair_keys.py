@@ -1,7 +1,7 @@
 """Concurrency keys under a skewed load: the fair claim's acceptance figures, from the
 handlers' own records.
 
-    python -m bench.fair_keys --smoke          # CI: a few thousand claims, under a minute
+    python -m bench.fair_keys --smoke          # CI: a minute; fails only on a limit violation
     python -m bench.fair_keys                  # the phases once (about 4 min)
     python -m bench.fair_keys --long           # the capped phase until 1,000,000 claims
     python -m bench.fair_keys --cost-only      # only the claim's cost, keyed against unkeyed
@@ -1320,6 +1320,10 @@ def parse(argv: Sequence[str]) -> Settings:
     return settings
 
 
+# The targets a smoke run fails on: correctness, not timing.
+SMOKE_JUDGED = frozenset({"violations"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     settings = parse(argv)
@@ -1352,10 +1356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = settings.json or RESULTS / f"fair-keys-{stamp}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     log(f"written {path}")
+    # The smoke (CI, on a machine shared with other work) fails on what no load excuses, a
+    # key past its limit; the timing targets are reported, and judged by the full runs.
+    judged = SMOKE_JUDGED if settings.smoke else None
     verdicts = [
         t["pass"]
         for part in ("fleet", "cost")
-        for t in (result.get(part) or {}).get("targets", {}).values()
+        for name, t in (result.get(part) or {}).get("targets", {}).items()
+        if judged is None or name in judged
     ]
     return 1 if False in verdicts else 0
 

@@ -194,11 +194,17 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
     return tasks
 
 
-def lease_starts_mark(owner: str, *, started: bool = True, now: datetime | None = None) -> Op[None]:
+def lease_starts_mark(
+    owner: str, *, started: bool = True, durable: bool = False, now: datetime | None = None
+) -> Op[None]:
     """Mark everything ``owner`` has claimed so far as started (its handlers run next), or,
     with ``started=False`` (a worker's start-up), give the owner a mark before its first
-    claim, so that those claims are refundable too."""
-    yield Query("lease_starts_mark", {"owner": owner, "started": started, "now": now})
+    claim, so that those claims are refundable too. ``durable``: wait for the WAL flush (the
+    claim took keyed tasks, whose per-key limit a forgotten claim could break)."""
+    yield Query(
+        "lease_starts_mark",
+        {"owner": owner, "started": started, "durable": durable, "now": now},
+    )
 
 
 def lease_starts_prune(now: datetime | None = None) -> Op[int]:

@@ -567,8 +567,16 @@ SELECT * FROM claimed;
 -- transaction only): the mark must outlive its worker, which it does once committed, not a
 -- crash of the server; waiting for the flush cost each claim a second durable commit before
 -- its handlers could start.
+-- But with %(durable)s (the claim took tasks with a concurrency key), it waits for the flush,
+-- at the server's synchronous_commit: the WAL is flushed in order, so the claims are durable
+-- before their handlers start. A crash that forgot a claim whose handler runs would queue
+-- the task again, and its rerun would run beside it, one more than its key's limit allows.
+-- The claim itself still commits without waiting, so the limits lock is held no longer.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-                      set_config('synchronous_commit', 'off', true) AS async_commit)
+                      set_config('synchronous_commit',
+                                 CASE WHEN %(durable)s::boolean
+                                      THEN current_setting('synchronous_commit') ELSE 'off' END,
+                                 true) AS commit_mode)
 INSERT INTO pgqueue.lease_starts AS s (owner, started_through, updated_at)
 SELECT %(owner)s, CASE WHEN %(started)s THEN clock.now ELSE '-infinity' END, clock.now
   FROM clock

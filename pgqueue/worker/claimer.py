@@ -190,7 +190,8 @@ class Claimer:
             ]
         # A failure here raises: nothing starts, and the leases, never marked, expire into
         # the queue without costing an attempt.
-        await arun(conn, lease_starts_mark(self._config.worker_id))
+        keyed = len(unkeyed) < len(claimed)
+        await arun(conn, lease_starts_mark(self._config.worker_id, durable=keyed))
         if time.monotonic() - began >= self._config.lease_seconds * LEASE_DOUBT:
             claimed = await self._still_held(conn, claimed)
         return claimed

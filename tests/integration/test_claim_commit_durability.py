@@ -69,6 +69,26 @@ def test_the_start_mark_commits_without_waiting_for_the_flush(connect: Any) -> N
     worker.rollback()
 
 
+def test_the_keyed_claim_does_not_wait_but_its_start_mark_does(
+    conn: psycopg.Connection[Any], connect: Any
+) -> None:
+    """A keyed task's handler starts only once its claim is durable (the mark's flush takes
+    the claim's commit with it): a crash that forgot the claim would run the task again
+    beside it, past its key's limit. The claim, under the limits lock, still does not wait."""
+    pgqueue.enqueue(conn, "job", {}, concurrency_key="tenant")
+    worker = durable_session(connect(autocommit=False))
+
+    op = claiming.claim_round(queues=["default"], limit=1, owner="w", lease_seconds=30)
+    (task,), _ = driver.run(worker, op)
+    assert task.concurrency_key == "tenant"  # claimed through task_claim_keyed
+    assert not commit_waits_for_flush(worker)
+    worker.commit()
+
+    driver.run(worker, claiming.lease_starts_mark("w", durable=True))
+    assert commit_waits_for_flush(worker)
+    worker.commit()
+
+
 def test_submit_completion_and_failure_wait_for_the_flush(
     conn: psycopg.Connection[Any], connect: Any
 ) -> None:
