@@ -24,6 +24,11 @@ KeyRotation = Mapping[tuple[str, int], str]
 # each in the first round) and this many more, for the keys at their limit or whose tasks
 # are not due yet, which the walk steps over.
 ROTATION_SLACK = 8
+# A fair claim that found nothing to claim may have visited only keys with nothing due or
+# at their limit, with a ready key further on: it looks again, visiting this many times
+# more keys each time, this many times at most (8 more keys, 128, 2,048, 32,768).
+VISIT_GROWTH = 16
+VISIT_TRIES = 4
 
 
 def task_claim(
@@ -85,10 +90,12 @@ def task_claim_keyed(
     lease_seconds: float,
     now: datetime | None = None,
     rotation: KeyRotation | None = None,
+    slack: int = ROTATION_SLACK,
 ) -> Op[list[ClaimedTask]]:
     """The fair claim (see claim_round): keys in turn within each queue and priority, each
     within its per-key limits; the unkeyed tasks of the same queues take one turn among them.
-    Run it in the transaction that holds the limits lock."""
+    It visits at most ``limit`` + ``slack`` keys per queue and priority. Run it in the
+    transaction that holds the limits lock."""
     rotation = rotation or {}
     params: dict[str, Any] = {"queues": list(queues)}
     for level in Priority:
@@ -98,7 +105,7 @@ def task_claim_keyed(
         {
             **params,
             "limit": limit,
-            "visit": limit + ROTATION_SLACK,
+            "visit": limit + slack,
             "owner": owner,
             "lease_seconds": lease_seconds,
             "now": now,
@@ -151,9 +158,15 @@ def claim_round(
         limited = yield Query("task_claim_limited", {**params, "limit": limit}, tuples=True)
     claimed = _claimed(limited)
     if len(limited) < limit and probe.keyed:
-        claimed += yield from task_claim_keyed(
-            **params, limit=limit - len(limited), rotation=rotation
-        )
+        slack = ROTATION_SLACK
+        for _ in range(VISIT_TRIES):
+            keyed = yield from task_claim_keyed(
+                **params, limit=limit - len(limited), rotation=rotation, slack=slack
+            )
+            if keyed:
+                break
+            slack *= VISIT_GROWTH  # every key visited had nothing to give: look further
+        claimed += keyed
     elif len(limited) < limit:
         claimed += yield from task_claim(**params, limit=limit - len(limited), starts=starts)
     return claimed, probe

@@ -157,6 +157,28 @@ def test_a_paused_queue_is_skipped_for_keyed_tasks(conn):
     assert len(claim(conn, queues=["mail"])) == 2
 
 
+def test_a_ready_key_behind_many_keys_with_nothing_due_is_claimed(conn):
+    """Thirty keys whose only tasks are not due (retries in backoff, scheduled ones) sort
+    before the one ready key: a claim that visited only them looks further."""
+    later = datetime.now(UTC) + timedelta(hours=1)
+    for n in range(30):
+        enqueue(conn, "t", f"a{n:02}", run_at=later)
+    (ready,) = enqueue(conn, "t", "z")
+
+    assert [t.id for t in Rotating(conn)(16)] == [ready]
+
+
+def test_a_ready_key_behind_many_keys_at_their_limit_is_claimed(conn):
+    pgqueue.set_limit(conn, type="t", per_key_max_running=1)
+    for n in range(12):
+        enqueue(conn, "t", f"a{n:02}", 2)
+    assert len(Rotating(conn)(12)) == 12  # every key at its limit now
+    (ready,) = enqueue(conn, "t", "z")
+
+    # A claimer whose turns start at the first key (a fresh worker) walks them all first.
+    assert [t.id for t in Rotating(conn)(1)] == [ready]
+
+
 def test_a_scheduled_keyed_task_waits_for_its_time(conn):
     enqueue(conn, "t", "a", run_at=datetime.now(UTC) + timedelta(hours=1))
     (now,) = enqueue(conn, "t", "b")
