@@ -60,7 +60,9 @@ next AS (
                      -- A filter on the row the walk reads anyway, not a new range.
                      AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
                      AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                                      WHERE l.kind = 'type' AND l.name = tasks.type)
+                                      WHERE l.kind = 'type' AND l.name = tasks.type
+                                        AND (l.max_running IS NOT NULL
+                                             OR l.rate_limit IS NOT NULL))
                    ORDER BY created_at, id
                    LIMIT %(limit)s
                      FOR UPDATE SKIP LOCKED
@@ -69,7 +71,8 @@ next AS (
            ) AS c
      WHERE NOT EXISTS (SELECT 1 FROM pgqueue.queues AS p WHERE p.name = w.queue AND p.paused)
        AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                        WHERE l.kind = 'queue' AND l.name = w.queue)
+                        WHERE l.kind = 'queue' AND l.name = w.queue
+                          AND (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL))
      ORDER BY c.priority, c.created_at, c.id
      LIMIT %(limit)s
 )
@@ -125,7 +128,8 @@ WITH probe AS MATERIALIZED (
 SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
        EXISTS (SELECT 1
                  FROM pgqueue.limits AS l, unnest(%(queues)s::text[]) AS q(name)
-                WHERE CASE l.kind
+                WHERE (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL)
+                  AND CASE l.kind
                       WHEN 'type' THEN (
                           SELECT t.id FROM pgqueue.tasks AS t
                            WHERE t.status = 'queued' AND t.concurrency_key IS NULL
@@ -197,6 +201,8 @@ room AS MATERIALIZED (
                                   WHERE s.at > clock.now - l.rate_period * interval '1 second'),
                  %(limit)s) AS room
       FROM pgqueue.limits AS l, clock
+     -- A per-key limit alone does not ration the tasks without a key: they are ordinary.
+     WHERE l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL
 ),
 served AS (
     -- The queues this claimer serves that are not paused, and whether each has a limit.
@@ -393,11 +399,13 @@ rotation AS (
 turns AS MATERIALIZED (
     -- Each key's turn, and how many tasks it may offer: the least of the batch and of what its
     -- queue's per-key limit and the queue's own limit leave. The unkeyed turn offers none
-    -- where its queue has a limit (task_claim_limited claims those).
+    -- where its queue has a max_running or a rate (task_claim_limited claims those; a
+    -- per-key limit alone leaves the tasks without a key ordinary).
     SELECT r.queue, r.priority, r.key, r.position,
            CASE WHEN r.key = '' THEN
                 CASE WHEN EXISTS (SELECT 1 FROM room AS q
-                                   WHERE q.kind = 'queue' AND q.name = r.queue)
+                                   WHERE q.kind = 'queue' AND q.name = r.queue
+                                     AND q.room IS NOT NULL)
                      THEN 0 ELSE %(limit)s END
            ELSE greatest(0, least(
                 %(limit)s,
@@ -448,7 +456,8 @@ offered AS (
               AND visible_after <= clock.now
               AND (expires_at IS NULL OR expires_at > clock.now OR attempts > 0)
               AND NOT EXISTS (SELECT 1 FROM pgqueue.limits AS l
-                               WHERE l.kind = 'type' AND l.name = tasks.type)
+                               WHERE l.kind = 'type' AND l.name = tasks.type
+                                 AND (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL))
             ORDER BY created_at, id
             LIMIT least(t.room, depth.per_turn)
            ) AS h

@@ -201,6 +201,19 @@ def test_a_per_key_limit_on_a_type_caps_each_key_and_leaves_other_types_alone(co
     assert by == {("export", "a"): 2, ("export", "b"): 2, ("email", "a"): 5}
 
 
+def test_a_per_key_limit_alone_leaves_the_types_unkeyed_tasks_ordinary(conn):
+    """Such tasks have no key to count: they are neither rationed nor claimed ahead of the
+    keyed ones, and priority still decides between them."""
+    pgqueue.set_limit(conn, type="export", per_key_max_running=2)
+    enqueue(conn, "export", None, 20, priority="low")
+    urgent = enqueue(conn, "export", "a", 2, priority="high")
+
+    got = claim(conn, limit=3)
+
+    assert [t.id for t in got][:2] == urgent
+    assert keys(got) == ["a", "a", None]
+
+
 def test_a_per_key_limit_on_a_queue_counts_every_type_of_the_key_in_that_queue(conn):
     enqueue(conn, "x", "a", 3, queue="partner")
     enqueue(conn, "y", "a", 3, queue="partner")
