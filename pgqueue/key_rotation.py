@@ -3,9 +3,10 @@ the next keys their turn (see task_claim_keyed in sql/claiming.sql).
 
 The claim walks the keys with waiting tasks in key order (byte order: the column's collation
 is "C", as Python compares str), from the one after the last key served, round to the end,
-where the tasks without a key take their turn ('' here), then from the first key on. So the
-last key served is the last of the claimed tasks' keys in that order: the greatest key at or
-before the old start if the walk went round, else the greatest key after it.
+where the tasks without a key take their turn ('' here), then from the first key on. The next
+claim starts after the key of the last task in the batch's fill order (the batch is filled in
+rounds, so that is a key served most, the last of those in the walk's order): the greatest
+such key at or before the old start if the walk went round, else the greatest after it.
 
 Each worker keeps its own rotation (pgqueue.claim, one per worker_id, in this process):
 claims are serialized by the limits lock, and every worker's rotation goes round all the
@@ -14,7 +15,7 @@ keys, so each key gets a turn from each worker in turn.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 
 from pgqueue.models import ClaimedTask
@@ -38,9 +39,15 @@ class KeyRotation:
                 task.concurrency_key or ""
             )
         for lane, keys in served.items():
+            # The batch was filled in rounds (each key's first task, then each one's second,
+            # ...): a key served n times was in rounds 1 to n, so the last task in fill order
+            # is of a key served most, the last of those in the rotation's order.
+            counts = Counter(keys)
+            most = max(counts.values())
+            last_round = [key for key, n in counts.items() if n == most]
             after = self._after.get(lane, "")
-            went_round = [key for key in keys if key <= after]
-            self._after[lane] = max(went_round) if went_round else max(keys)
+            went_round = [key for key in last_round if key <= after]
+            self._after[lane] = max(went_round) if went_round else max(last_round)
 
 
 # pgqueue.claim's rotations, one per worker_id, the least recently used forgotten past this

@@ -95,6 +95,22 @@ def test_keys_take_turns_round_by_round_and_the_rotation_carries_over(conn):
     assert order == ["a", "b", "c"] * 3
 
 
+def test_keys_fewer_than_the_batch_share_the_extra_rounds_evenly_over_claims(conn):
+    """Three keys, claims of five: each claim gives two keys a second task, and the next
+    claim starts after the last of the batch's fill order, so the extra turns go round."""
+    for key in ("a", "b", "c"):
+        enqueue(conn, "t", key, 40)
+    rotating = Rotating(conn)
+    served: Counter[str | None] = Counter()
+    for _ in range(12):
+        got = rotating(5)
+        served.update(keys(got))
+        for task in got:
+            pgqueue.complete(conn, task.lease)
+
+    assert served == {"a": 20, "b": 20, "c": 20}
+
+
 def test_a_batch_fills_in_rounds_when_there_are_fewer_keys_than_slots(conn):
     """No slot idles while a key has ready work: with two keys and a batch of 8, each key
     gives four, not one."""
