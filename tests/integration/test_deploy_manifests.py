@@ -386,9 +386,10 @@ def test_autoscaling_queries_read_only_waiting_and_running_rows(conn, which, sca
             yield from nodes(child)
 
     on_tasks = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "tasks"]
-    # One index scan per branch of pgqueue.queue_depth (one per partial index) per status
-    # asked: the KEDA query asks two.
-    assert len(on_tasks) == scans_of_tasks
+    # At most one index scan per branch of pgqueue.queue_depth (one per partial index) per
+    # status asked (the KEDA query asks two); PostgreSQL 16+ drops the branches whose status
+    # contradicts the one asked, 15 keeps them (each finds nothing at once).
+    assert 0 < len(on_tasks) <= scans_of_tasks
     assert all(n["Node Type"] != "Seq Scan" for n in on_tasks), on_tasks
 
 
