@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +21,7 @@ from test_worker_processes import (
     SIDE_TABLES,
     Workers,
     all_in_status,
+    enqueue,
     executions,
     has_started,
     wait_for_exit,
@@ -37,10 +37,6 @@ pytestmark = [pytest.mark.timeout(120)]
 def db(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     conn.execute(SIDE_TABLES)
     return conn
-
-
-def enqueue(conn: psycopg.Connection[Any], *specs: dict[str, Any]) -> list[uuid.UUID]:
-    return [r.task.id for r in pgqueue.enqueue_many(conn, list(specs))]
 
 
 def most_at_once_per_key(
