@@ -129,9 +129,10 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-# Compact UTF-8 JSON, strict about NaN; one encoder for all calls (json.dumps with options
-# builds a new one each time).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+# UTF-8 JSON spaced as PostgreSQL prints jsonb (", " and ": "), so that the text measured is
+# the text a read gets back; strict about NaN; one encoder for all calls (json.dumps with
+# options builds a new one each time).
+_ENCODER = json.JSONEncoder(separators=(", ", ": "), allow_nan=False, ensure_ascii=False)
 
 
 def _encode(payload: dict[str, Any]) -> str:
@@ -141,7 +142,7 @@ def _encode(payload: dict[str, Any]) -> str:
     if _make_encoder is None:  # no C accelerator: the pure-Python encoder
         return _ENCODER.encode(payload)
     chunks = _make_encoder(
-        {}, _ENCODER.default, _encode_string, None, ":", ",", False, False, False
+        {}, _ENCODER.default, _encode_string, None, ": ", ", ", False, False, False
     )(payload, 0)
     return "".join(chunks)
 
@@ -169,11 +170,7 @@ def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     escaped), keep the brackets, and strip innermost ``()`` pairs once per level."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
-    if b'\\"' in raw:
-        text = raw.decode("utf-8", "surrogatepass")
-        outside = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
-    else:
-        outside = b"".join(raw.split(b'"')[0::2])
+    outside = _outside_strings(raw)
     nesting = outside.translate(_PARENS, _NOT_BRACKETS)
     for _ in range(limit):
         if not nesting:
@@ -182,8 +179,56 @@ def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return bool(nesting)
 
 
+# A float Python writes with an exponent (its repr: one digit, maybe a fraction, ``e``, a sign
+# and the exponent); jsonb keeps numbers as numeric and prints them without one.
+_EXPONENT = re.compile(rb"[0-9](?:\.([0-9]+))?e([-+][0-9]+)")
+_NEGATIVE_ZERO = re.compile(rb"-0\.0(?![0-9])")  # numeric has no -0: printed "0.0"
+
+
+def stored_size(raw: bytes) -> int:
+    """How many bytes PostgreSQL's text of the jsonb made from ``raw`` is at most: what any read
+    of it costs (``payload::text``, the API, the dashboard). ``raw`` is _ENCODER's UTF-8 text,
+    spaced as jsonb prints, so it is that text but for the floats written with an exponent,
+    which jsonb prints in full: ``5e-324`` as ``0.`` and 324 digits, ``1e+308`` as 309.
+    ``-0.0`` is printed ``0.0``. (A duplicated key, ``{1: .., "1": ..}``, is kept once: the
+    text only gets shorter.)
+
+    Free for text without ``e+``, ``e-`` or ``-0.0`` (most payloads); otherwise the strings are
+    dropped (a ``1e-5`` in a string is not a number) and each number that changes is counted,
+    in C-speed string and regular-expression operations."""
+    size = len(raw)
+    if b"e+" not in raw and b"e-" not in raw and b"-0.0" not in raw:
+        return size
+    outside = _outside_strings(raw)
+    if b"-0.0" in outside:
+        size -= len(_NEGATIVE_ZERO.findall(outside))
+    if b"e+" not in outside and b"e-" not in outside:  # a hyphenated word, not a number
+        return size
+    for fraction, exponent in _EXPONENT.findall(outside):
+        digits, shift = len(fraction), int(exponent)
+        written = 1 + (digits and digits + 1) + 1 + len(exponent)  # d[.ddd]e±XX
+        if shift < 0:  # 0.000ddd: "0." then the fraction's digits, shifted right
+            printed = 2 + digits - shift
+        else:  # an integer of 1 + shift digits, and what of the fraction is left past it
+            printed = 1 + shift + (digits > shift and digits - shift + 1)
+        size += printed - written
+    return size
+
+
+def _outside_strings(raw: bytes) -> bytes:
+    """JSON text ``raw`` without its strings (keys and values): numbers, literals, punctuation."""
+    if b'\\"' in raw:
+        text = raw.decode("utf-8", "surrogatepass")
+        return _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    return b"".join(raw.split(b'"')[0::2])
+
+
 def encode_payload(payload: object, limit: int | None = None) -> str:
-    """The payload as JSON text, or a specific InvalidPayload saying why it cannot be stored."""
+    """The payload as JSON text, or a specific InvalidPayload saying why it cannot be stored.
+
+    Its size is the text's that PostgreSQL gives back (stored_size), in UTF-8 bytes, at most
+    ``limit`` (``PGQUEUE_MAX_PAYLOAD_BYTES`` when not given): what a read of it costs is
+    bounded, whatever its numbers."""
     if type(payload) is not dict:  # (a dict skips the Mapping check, an ABC's and slow)
         if not isinstance(payload, Mapping):
             raise InvalidPayload(f"must be a JSON object (a dict), not {type(payload).__name__}")
@@ -204,10 +249,12 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
     # (json_depth_exceeds's own first test, inline: a call saved on every payload)
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth_exceeds(raw):
         raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels")
-    size = len(raw)
     limit = config.max_payload_bytes() if limit is None else limit
-    if size > limit:
-        raise PayloadTooLarge(size, limit)
+    # (stored_size's own first test, inline, as above; a -0.0 only makes the text shorter)
+    if len(raw) > limit or b"e+" in raw or b"e-" in raw:
+        size = stored_size(raw)
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
     # PostgreSQL's jsonb cannot hold \u0000; check precisely only when the text hints at it.
     if "\\u0000" in text and _has_nul(payload):
         raise InvalidPayload("strings in the payload must not contain NUL (\\u0000) characters")

@@ -41,7 +41,10 @@ class InvalidPayload(ValidationError):
 
 class PayloadTooLarge(InvalidPayload):
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"payload is {size} bytes encoded as JSON; the limit is {limit} bytes")
+        super().__init__(
+            f"payload is {size} bytes as stored (the JSON text PostgreSQL gives back); "
+            f"the limit is {limit} bytes"
+        )
         self.size = size
         self.limit = limit
 
@@ -61,7 +64,8 @@ class ResultTooLarge(InvalidResult):
         super().__init__(
             task_id,
             subject,
-            f"is {size:,} bytes, over the {limit:,}-byte limit PGQUEUE_MAX_RESULT_BYTES",
+            f"is {size:,} bytes as stored (the JSON text PostgreSQL gives back), "
+            f"over the {limit:,}-byte limit PGQUEUE_MAX_RESULT_BYTES",
         )
         self.size = size
         self.limit = limit

@@ -2,7 +2,8 @@
 
 A result is stored in the task's row, like its payload, and read back whole by ``pgqueue
 status``, the API and the dashboard; so it is bounded like a payload
-(``PGQUEUE_MAX_RESULT_BYTES``, 1 MiB) and must be JSON that jsonb accepts. The worker (a
+(``PGQUEUE_MAX_RESULT_BYTES``, 1 MiB, measured as the text PostgreSQL gives back) and must be
+JSON that jsonb accepts. The worker (a
 handler's return value, :mod:`pgqueue.executor`) and ``pgqueue.complete``
 (:mod:`pgqueue.operations`) both encode through :func:`encode_result`, so the rule lives here
 once. It is a module of its own because both of them import it: the executor cannot be imported
@@ -15,9 +16,8 @@ import uuid
 from typing import Any
 
 from pgqueue import config
-from pgqueue.enqueue import MAX_JSON_DEPTH, _has_nul, json_depth_exceeds
+from pgqueue.enqueue import _ENCODER, MAX_JSON_DEPTH, _has_nul, json_depth_exceeds, stored_size
 from pgqueue.errors import InvalidResult, ResultTooLarge
-from pgqueue.queries.driver import dumps
 
 
 def encode_result(
@@ -25,26 +25,34 @@ def encode_result(
 ) -> str | None:
     """The result as the JSON text to store (None stays None), or InvalidResult saying why it
     cannot be stored: not JSON, nested too deep, a NUL jsonb refuses, or more than ``limit``
-    bytes of compact UTF-8 JSON (``PGQUEUE_MAX_RESULT_BYTES`` when not given). ``subject`` is
+    bytes (``PGQUEUE_MAX_RESULT_BYTES`` when not given) of the UTF-8 text PostgreSQL gives back
+    (stored_size: jsonb's spacing, and its floats printed in full). ``subject`` is
     how the message names the task (``task <id>`` when not given; the worker adds the type and
     attempt)."""
     if value is None:
         return None
     subject = subject or f"task {task_id}"
     try:
-        text = dumps(value)
+        text = _ENCODER.encode(value)
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, which PostgreSQL would reject
+        raise InvalidResult(
+            task_id,
+            subject,
+            f"is not JSON-serialisable: contains a string that is not valid Unicode ({exc.reason})",
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidResult(task_id, subject, f"is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise InvalidResult(
             task_id, subject, f"nests deeper than {MAX_JSON_DEPTH} levels"
         ) from None
-    raw = text.encode("utf-8")  # dumps has checked that it encodes
     if json_depth_exceeds(raw):
         raise InvalidResult(task_id, subject, f"nests deeper than {MAX_JSON_DEPTH} levels")
     limit = config.max_result_bytes() if limit is None else limit
-    if len(raw) > limit:
-        raise ResultTooLarge(task_id, subject, len(raw), limit)
+    size = stored_size(raw)
+    if size > limit:
+        raise ResultTooLarge(task_id, subject, size, limit)
     # jsonb cannot hold \u0000: refused here rather than by the completion's statement, which
     # writes a batch of other tasks' results too. Checked precisely only when the text hints.
     if "\\u0000" in text and _has_nul(value):

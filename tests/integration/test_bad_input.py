@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from jsonb_text import jsonb_size
 from psycopg.pq import TransactionStatus
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -34,8 +35,8 @@ def count_tasks(conn) -> int:
 
 
 def json_size(payload) -> int:
-    """The payload's compact JSON size in UTF-8 bytes."""
-    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    """The payload's size by the payload rule: the UTF-8 bytes of the text jsonb gives back."""
+    return jsonb_size(payload)
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ import httpx
 import psycopg
 import pytest
 from boundaries import Api, CliResult, Snapshot, code, run_main, shorten, snapshot, write_tables
+from jsonb_text import jsonb_size
 from psycopg.rows import dict_row
 
 import pgqueue
@@ -253,12 +254,13 @@ def raw_body(payload_text: str | bytes) -> bytes:
 
 
 def json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    return jsonb_size(value)  # the payload rule: the UTF-8 bytes of the text jsonb gives back
 
 
-# Payload size: the JSON of {"s": "é" * 508} is 1024 bytes in UTF-8 but 516 characters.
-AT_LIMIT = {"s": "\u00e9" * 508}
-OVER_LIMIT = {"s": "x" + "\u00e9" * 508}
+# Payload size: the jsonb text of {"s": "x" + "é" * 507} is 1024 bytes in UTF-8 but 517
+# characters.
+AT_LIMIT = {"s": "x" + "\u00e9" * 507}
+OVER_LIMIT = {"s": "xx" + "\u00e9" * 507}
 assert json_size(AT_LIMIT) == PAYLOAD_LIMIT and json_size(OVER_LIMIT) == PAYLOAD_LIMIT + 1
 OVERSIZED_BODY = raw_body(b'{"s": "' + b"x" * (API_BODY_LIMIT - 34) + b'"}')
 assert len(OVERSIZED_BODY) == API_BODY_LIMIT + 1
@@ -321,14 +323,14 @@ CASES: list[Case] = [
     # --- payload: size ----------------------------------------------------------------------------
     Case(
         "payload-at-limit", "payload size",
-        f"payload of exactly {PAYLOAD_LIMIT} bytes of UTF-8 JSON (516 characters; "
+        f"payload of exactly {PAYLOAD_LIMIT} bytes of UTF-8 JSON (517 characters; "
         f"PGQUEUE_MAX_PAYLOAD_BYTES={PAYLOAD_LIMIT})", ACCEPT,
         **payload(AT_LIMIT, json.dumps(AT_LIMIT, ensure_ascii=False), AT_LIMIT),
         stored={"payload": AT_LIMIT}, env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)},
     ),
     Case(
         "payload-over-limit", "payload size",
-        f"payload of {PAYLOAD_LIMIT + 1} bytes of UTF-8 JSON (517 characters; "
+        f"payload of {PAYLOAD_LIMIT + 1} bytes of UTF-8 JSON (518 characters; "
         f"PGQUEUE_MAX_PAYLOAD_BYTES={PAYLOAD_LIMIT})", REJECT,
         **payload(OVER_LIMIT, json.dumps(OVER_LIMIT, ensure_ascii=False), OVER_LIMIT),
         env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)}, http_status=(413,),

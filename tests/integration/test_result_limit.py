@@ -25,13 +25,13 @@ from pgqueue.log import logger
 
 ENV = "PGQUEUE_MAX_RESULT_BYTES"  # the documented name, spelled out
 MIB = 1024 * 1024
-BLOB_OVERHEAD = len('{"blob":""}')  # the JSON around {"blob": "x" * n}
+BLOB_OVERHEAD = len('{"blob": ""}')  # the JSON around {"blob": "x" * n}
 
 
 def blob(size: int) -> dict[str, str]:
-    """A result whose compact JSON is exactly ``size`` bytes."""
+    """A result of exactly ``size`` bytes as stored (the text jsonb gives back)."""
     value = {"blob": "x" * (size - BLOB_OVERHEAD)}
-    assert len(json.dumps(value, separators=(",", ":")).encode()) == size
+    assert len(json.dumps(value).encode()) == size
     return value
 
 
@@ -57,7 +57,8 @@ def finished(conn: psycopg.Connection[Any], *ids: uuid.UUID) -> bool:
 
 def too_large_error(task_id: uuid.UUID, type: str, size: int, limit: int) -> str:
     return (
-        f"ResultTooLarge: result of task {task_id} ({type}, attempt 1) is {size:,} bytes, "
+        f"ResultTooLarge: result of task {task_id} ({type}, attempt 1) is {size:,} bytes "
+        "as stored (the JSON text PostgreSQL gives back), "
         f"over the {limit:,}-byte limit PGQUEUE_MAX_RESULT_BYTES"
     )
 
@@ -313,7 +314,8 @@ def test_complete_refuses_an_oversized_result_and_writes_nothing(conn, monkeypat
     assert isinstance(exc, pgqueue.InvalidResult) and isinstance(exc, pgqueue.ValidationError)
     assert (exc.field, exc.task_id, exc.size, exc.limit) == ("result", task_id, 65, 64)
     assert exc.reason == (
-        f"result of task {task_id} is 65 bytes, over the 64-byte limit PGQUEUE_MAX_RESULT_BYTES"
+        f"result of task {task_id} is 65 bytes as stored (the JSON text PostgreSQL gives back), "
+        "over the 64-byte limit PGQUEUE_MAX_RESULT_BYTES"
     )
     task = pgqueue.get_task(conn, task_id)
     assert (task.status, task.result) == (pgqueue.TaskStatus.RUNNING, None)
@@ -372,8 +374,9 @@ def test_the_encoder_names_the_issue_s_five_mib_result_and_the_default_limit(mon
     with pytest.raises(pgqueue.ResultTooLarge) as info:
         encode_result(blob(5 * MIB), task_id, subject=f"task {task_id} (report, attempt 2)")
     assert info.value.reason == (
-        f"result of task {task_id} (report, attempt 2) is 5,242,880 bytes, "
+        f"result of task {task_id} (report, attempt 2) is 5,242,880 bytes as stored "
+        "(the JSON text PostgreSQL gives back), "
         "over the 1,048,576-byte limit PGQUEUE_MAX_RESULT_BYTES"
     )
     assert encode_result(None, task_id, limit=1) is None  # no result: nothing to bound
-    assert encode_result([1, 2], task_id, limit=5) == "[1,2]"
+    assert encode_result([1, 2], task_id, limit=5) == "[1, 2]"

@@ -41,6 +41,7 @@ import psycopg
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
+from jsonb_text import jsonb_size
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -132,10 +133,11 @@ def nesting(value: object) -> int:
 
 
 def json_size(payload: object) -> int | None:
-    """Compact UTF-8 JSON size in bytes, or None if it has no such encoding."""
+    """Size by the payload rule (the UTF-8 text jsonb gives back, its floats in full), or None
+    if it has no JSON encoding."""
     try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        return len(text.encode("utf-8"))
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        return jsonb_size(payload)
     except (TypeError, ValueError):
         return None
 
@@ -907,8 +909,9 @@ def test_payload_nested_up_to_the_depth_limit_is_stored_and_deeper_is_refused(
 def test_payload_of_exactly_the_default_limit_is_accepted_and_one_byte_more_is_refused(
     tx: psycopg.Connection[Any],
 ) -> None:
-    """The limit is the payload's compact UTF-8 JSON size: multi-byte characters count for
-    their bytes, and the boundary is exact (1 MiB accepted, 1 MiB + 1 refused)."""
+    """The limit is the payload's size as stored (the UTF-8 text jsonb gives back): multi-byte
+    characters count for their bytes, and the boundary is exact (1 MiB accepted, 1 MiB + 1
+    refused)."""
     seen: Counter[str] = Counter()
 
     @settings(PROPERTY_SETTINGS, max_examples=14)

@@ -73,7 +73,7 @@ def test_priorities_are_stored_as_numbers_where_lower_runs_first():
 
 def test_payload_size_counts_utf8_bytes():
     text = encode_payload({"s": "é" * 10})
-    assert len(text.encode()) == len('{"s":""}') + 20
+    assert len(text.encode()) == len('{"s": ""}') + 20
 
 
 def test_redact_hides_the_password_and_nothing_else():
