@@ -14,6 +14,7 @@ import struct
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -183,6 +184,13 @@ def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 # and the exponent); jsonb keeps numbers as numeric and prints them without one.
 _EXPONENT = re.compile(rb"[0-9](?:\.([0-9]+))?e([-+][0-9]+)")
 _NEGATIVE_ZERO = re.compile(rb"-0\.0(?![0-9])")  # numeric has no -0: printed "0.0"
+# What an exponent starts with, in a number or a string ("re-1"); a quick search (a literal
+# first), run only on text with "e-" or "e+" in it, which hyphenated words often have.
+_EXPONENT_HINT = re.compile(rb"e[-+][0-9]")
+
+
+def _may_have_exponent(raw: bytes) -> bool:
+    return (b"e-" in raw or b"e+" in raw) and _EXPONENT_HINT.search(raw) is not None
 
 
 def stored_size(raw: bytes) -> int:
@@ -193,25 +201,28 @@ def stored_size(raw: bytes) -> int:
     ``-0.0`` is printed ``0.0``. (A duplicated key, ``{1: .., "1": ..}``, is kept once: the
     text only gets shorter.)
 
-    Free for text without ``e+``, ``e-`` or ``-0.0`` (most payloads); otherwise the strings are
-    dropped (a ``1e-5`` in a string is not a number) and each number that changes is counted,
-    in C-speed string and regular-expression operations."""
+    Free for text without ``e+``, ``e-`` or ``-0.0`` (most payloads), cheap for text whose
+    ``e-`` are hyphens; otherwise the strings are dropped (a ``1e-5`` in a string is not a
+    number) and each number that changes is counted, in C-speed string and regular-expression
+    operations."""
     size = len(raw)
-    if b"e+" not in raw and b"e-" not in raw and b"-0.0" not in raw:
+    exponents = _may_have_exponent(raw)
+    if not exponents and b"-0.0" not in raw:
         return size
     outside = _outside_strings(raw)
     if b"-0.0" in outside:
         size -= len(_NEGATIVE_ZERO.findall(outside))
-    if b"e+" not in outside and b"e-" not in outside:  # a hyphenated word, not a number
+    if not exponents or not _may_have_exponent(outside):  # only in strings: not numbers
         return size
-    for fraction, exponent in _EXPONENT.findall(outside):
+    # (each distinct number once: an adversary's payload repeats one)
+    for (fraction, exponent), count in Counter(_EXPONENT.findall(outside)).items():
         digits, shift = len(fraction), int(exponent)
         written = 1 + (digits and digits + 1) + 1 + len(exponent)  # d[.ddd]e±XX
         if shift < 0:  # 0.000ddd: "0." then the fraction's digits, shifted right
             printed = 2 + digits - shift
         else:  # an integer of 1 + shift digits, and what of the fraction is left past it
             printed = 1 + shift + (digits > shift and digits - shift + 1)
-        size += printed - written
+        size += count * (printed - written)
     return size
 
 
@@ -251,7 +262,7 @@ def encode_payload(payload: object, limit: int | None = None) -> str:
         raise InvalidPayload(f"nests deeper than {MAX_JSON_DEPTH} levels")
     limit = config.max_payload_bytes() if limit is None else limit
     # (stored_size's own first test, inline, as above; a -0.0 only makes the text shorter)
-    if len(raw) > limit or b"e+" in raw or b"e-" in raw:
+    if len(raw) > limit or _may_have_exponent(raw):
         size = stored_size(raw)
         if size > limit:
             raise PayloadTooLarge(size, limit)

@@ -136,14 +136,14 @@ def test_the_limit_comes_from_the_environment_and_counts_utf8_bytes(
 
     @tasks.handler("accents", max_attempts=3)
     def accents(payload: dict[str, Any], ctx: pgqueue.TaskContext) -> Any:
-        return {"s": "é" * payload["n"]}  # 2 bytes each, 8 bytes around them
+        return {"s": "x" + "é" * payload["n"]}  # 2 bytes each, 10 bytes around them
 
-    fits = pgqueue.enqueue(conn, "accents", {"n": 46}).task.id  # 8 + 92 = 100 bytes
-    over = pgqueue.enqueue(conn, "accents", {"n": 47}).task.id  # 102 bytes, 55 characters
+    fits = pgqueue.enqueue(conn, "accents", {"n": 45}).task.id  # 10 + 90 = 100 bytes as stored
+    over = pgqueue.enqueue(conn, "accents", {"n": 46}).task.id  # 102 bytes, 56 characters
 
     run_worker_until(database_url, tasks, lambda: finished(conn, fits, over))
 
-    assert pgqueue.get_task(conn, fits).result == {"s": "é" * 46}
+    assert pgqueue.get_task(conn, fits).result == {"s": "x" + "é" * 45}
     task = pgqueue.get_task(conn, over)
     assert (task.status, task.attempts, task.result) == (pgqueue.TaskStatus.FAILED, 1, None)
     assert task.last_error == too_large_error(over, "accents", 102, 100)
@@ -379,4 +379,4 @@ def test_the_encoder_names_the_issue_s_five_mib_result_and_the_default_limit(mon
         "over the 1,048,576-byte limit PGQUEUE_MAX_RESULT_BYTES"
     )
     assert encode_result(None, task_id, limit=1) is None  # no result: nothing to bound
-    assert encode_result([1, 2], task_id, limit=5) == "[1, 2]"
+    assert encode_result([1, 2], task_id, limit=6) == "[1, 2]"  # as jsonb prints it
