@@ -323,14 +323,14 @@ CASES: list[Case] = [
     # --- payload: size ----------------------------------------------------------------------------
     Case(
         "payload-at-limit", "payload size",
-        f"payload of exactly {PAYLOAD_LIMIT} bytes of UTF-8 JSON (517 characters; "
+        f"payload of exactly {PAYLOAD_LIMIT} bytes as stored (517 characters; "
         f"PGQUEUE_MAX_PAYLOAD_BYTES={PAYLOAD_LIMIT})", ACCEPT,
         **payload(AT_LIMIT, json.dumps(AT_LIMIT, ensure_ascii=False), AT_LIMIT),
         stored={"payload": AT_LIMIT}, env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)},
     ),
     Case(
         "payload-over-limit", "payload size",
-        f"payload of {PAYLOAD_LIMIT + 1} bytes of UTF-8 JSON (518 characters; "
+        f"payload of {PAYLOAD_LIMIT + 1} bytes as stored (518 characters; "
         f"PGQUEUE_MAX_PAYLOAD_BYTES={PAYLOAD_LIMIT})", REJECT,
         **payload(OVER_LIMIT, json.dumps(OVER_LIMIT, ensure_ascii=False), OVER_LIMIT),
         env={"PGQUEUE_MAX_PAYLOAD_BYTES": str(PAYLOAD_LIMIT)}, http_status=(413,),
