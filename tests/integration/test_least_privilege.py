@@ -804,6 +804,34 @@ def test_an_owner_role_that_is_not_superuser_migrates_and_grants(empty_database_
         assert warnings == []
 
 
+def test_an_owner_given_the_schema_by_the_dba_migrates_without_create_on_the_database(
+    empty_database_url, make_roles
+):
+    """The documented minimal setup: the DBA creates the schema for the owner role, which has
+    no CREATE on the database; `pgqueue migrate` as that role goes to head."""
+    make_roles.uses(empty_database_url)
+    owner = make_roles.create("pgqueue_owner", "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+    owner_url = url_as(empty_database_url, owner)
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE SCHEMA pgqueue AUTHORIZATION {}").format(sql.Identifier(owner))
+        )
+        (may_create,) = admin.execute(
+            "SELECT has_database_privilege(%s, current_database(), 'CREATE')", (owner,)
+        ).fetchone()
+        assert may_create is False
+
+    assert "pgqueue schema at" in ok(owner_url, "migrate")
+
+    assert migrate.current(owner_url) == migrate.head()
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        owners = admin.execute(
+            "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class"
+            " WHERE relnamespace = 'pgqueue'::regnamespace"
+        ).fetchall()
+        assert owners == [(owner,)]
+
+
 # --- PostgreSQL 17 and newer: MAINTAIN -----------------------------------------------------------
 
 
