@@ -37,6 +37,7 @@ from pgqueue import migrate, roles
 from pgqueue.api import ApiSettings, create_app
 from pgqueue.cli import app as cli_app
 from pgqueue.models import TaskStatus
+from pgqueue.registry import TaskRegistry
 from pgqueue.worker.maintenance import Maintenance
 
 PASSWORD = "app-pw-7c1e"  # the shared test server trusts 127.0.0.1, so it is not checked there
@@ -177,6 +178,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("queues", "SELECT"),
         ("queues", "INSERT"),
         ("queues", "UPDATE"),
+        ("queues", "DELETE"),
         ("schedules", "SELECT"),
         ("schedules", "INSERT"),
         ("schedules", "UPDATE"),
@@ -475,6 +477,17 @@ def test_the_app_role_runs_the_operator_commands(app_url, app_conn):
     assert "replayed 1 dead letter" in ok(app_url, "dlq", "replay", str(dead[0]))
     assert "discarded 2 dead letters" in ok(app_url, "dlq", "discard", "--all", "--yes")
     assert json.loads(ok(app_url, "--json", "migrate", "--check"))["up_to_date"] is True
+    # The queue's and the limits' settings: every command that writes them.
+    assert "paused" in ok(app_url, "queue", "pause", "cli-q", "--create")
+    assert "cli-q" in ok(app_url, "queue", "resume", "cli-q")
+    ok(app_url, "queue", "retention", "cli-q", "--completed", "1h")
+    assert "cli-q" in ok(app_url, "queue", "list")
+    assert "settings removed" in ok(app_url, "queue", "remove", "cli-q")
+    ok(app_url, "limit", "set", "--type", "cli", "--max-running", "2")
+    ok(app_url, "limit", "set", "--queue", "cli-q", "--rate", "5", "--per", "1s")
+    assert "cli-q" in ok(app_url, "limit", "list")
+    assert "limit removed" in ok(app_url, "limit", "clear", "--type", "cli")
+    assert "limit removed" in ok(app_url, "limit", "clear", "--queue", "cli-q")
 
 
 HANDLERS = (
@@ -604,9 +617,21 @@ def test_maintenance_as_the_app_role_reports_a_refused_analyze_once(
         assert analyze_count(conn) == before
 
 
+def two_step_workflow(conn: psycopg.Connection[Any]) -> str:
+    """The id of a workflow of two tasks, the second waiting for the first."""
+    tasks = TaskRegistry()
+
+    @tasks.task(name="step")
+    def step(x: int) -> int:
+        return x
+
+    return str(pgqueue.chain(step.s(1), step.s()).enqueue(conn).id)
+
+
 def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
     settings = ApiSettings(database_url=app_url, tokens=frozenset({TOKEN}))
     dead = make_dead_letters(app_conn, 3, queue="api-dead")
+    workflow = two_step_workflow(app_conn)
     headers = {"Authorization": f"Bearer {TOKEN}"}
 
     async def exercise() -> dict[str, int]:
@@ -638,6 +663,22 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
             await call("discard_one", "DELETE", f"/api/v1/dead-letters/{dead[1]}")
             await call("replay_many", "POST", "/api/v1/dead-letters/replay", {"all": True})
             await call("discard_many", "POST", "/api/v1/dead-letters/discard", {"all": True})
+            await call("count_dead_letters", "GET", "/api/v1/dead-letters/count")
+            await call("schedules", "GET", "/api/v1/schedules")
+            await call("queues", "GET", "/api/v1/queues")
+            await call("pause", "POST", "/api/v1/queues/api-q/pause?create=true")
+            await call("resume", "POST", "/api/v1/queues/api-q/resume")
+            await call(
+                "retention", "PUT", "/api/v1/queues/api-q/retention", {"completed_seconds": 60}
+            )
+            await call("remove_queue", "DELETE", "/api/v1/queues/api-q")
+            await call("set_limit", "PUT", "/api/v1/limits/type/x", {"max_running": 2})
+            await call("set_queue_limit", "PUT", "/api/v1/limits/queue/api-q", {"rate": 5})
+            await call("limits", "GET", "/api/v1/limits")
+            await call("clear_limit", "DELETE", "/api/v1/limits/type/x")
+            await call("clear_queue_limit", "DELETE", "/api/v1/limits/queue/api-q")
+            await call("workflow", "GET", f"/api/v1/workflows/{workflow}")
+            await call("cancel_workflow", "DELETE", f"/api/v1/workflows/{workflow}")
             await call("stats", "GET", "/api/v1/stats")
             await call("throughput_series", "GET", "/api/v1/throughput/series")
             await call("failures", "GET", "/api/v1/failures")
@@ -659,6 +700,20 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
         "discard_one": 200,
         "replay_many": 200,
         "discard_many": 200,
+        "count_dead_letters": 200,
+        "schedules": 200,
+        "queues": 200,
+        "pause": 200,
+        "resume": 200,
+        "retention": 200,
+        "remove_queue": 200,
+        "set_limit": 200,
+        "set_queue_limit": 200,
+        "limits": 200,
+        "clear_limit": 200,
+        "clear_queue_limit": 200,
+        "workflow": 200,
+        "cancel_workflow": 200,
         "stats": 200,
         "throughput_series": 200,
         "failures": 200,
