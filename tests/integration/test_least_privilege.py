@@ -722,6 +722,51 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
     }
 
 
+def test_a_privilege_the_app_role_lacks_is_a_json_503_that_says_to_run_the_grants(
+    app_url, app_role, conn
+):
+    # A role granted by an older pgqueue, or a DBA's revoke: the write is refused.
+    conn.execute(
+        sql.SQL("REVOKE DELETE ON pgqueue.limits FROM {}").format(sql.Identifier(app_role))
+    )
+    settings = ApiSettings(database_url=app_url, tokens=frozenset({TOKEN}))
+
+    async def clear() -> httpx.Response:
+        app = create_app(settings)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                base_url="http://api",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as client,
+        ):
+            await client.put("/api/v1/limits/type/t", json={"max_running": 1})
+            return await client.delete("/api/v1/limits/type/t")
+
+    response = asyncio.run(clear())
+
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["error"] == "database_permission_denied"
+    assert "permission denied for table limits" in body["message"]
+    assert "pgqueue grant" in body["message"]
+
+
+def test_a_privilege_the_app_role_lacks_is_one_line_from_the_cli_that_says_to_run_the_grants(
+    app_url, app_role, conn
+):
+    conn.execute(
+        sql.SQL("REVOKE DELETE ON pgqueue.queues FROM {}").format(sql.Identifier(app_role))
+    )
+    ok(app_url, "queue", "pause", "q", "--create")
+
+    line = one_line_error(run_cli(app_url, "queue", "remove", "q"))
+
+    assert "permission denied for table queues" in line and "pgqueue grant" in line, line
+    assert "--debug" not in line and PASSWORD not in line
+
+
 def test_with_execute_revoked_from_public_the_grant_still_covers_the_functions(
     database_url, conn, app_url, app_conn
 ):

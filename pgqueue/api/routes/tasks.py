@@ -11,7 +11,7 @@ from pgqueue import aio, tracing
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.pagination import declared_timeouts, task_page, timeout_of
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     CancelOut,
     Cursor,
@@ -29,7 +29,7 @@ from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
 from pgqueue.models import Parent, Task, TaskStatus
 from pgqueue.operations import parse_task_id
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 # Where a submitted task can be read whole (the submit answer leaves its payload out).
 LOCATION = {
