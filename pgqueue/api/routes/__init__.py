@@ -15,10 +15,30 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi.routing import APIRoute
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 
 from pgqueue.roles import privileges_explained
+
+
+class NameConvertor(Convertor[str]):
+    """A queue's or a type's name in a path, ``{name:text}``: any text a submit accepts, "/"
+    and newlines included. Starlette decodes %2F before it routes, so the default ``{name}``
+    (no "/") would leave such names unreachable, and ``{name:path}`` stops at a newline. The
+    route's fixed end still decides: the match is greedy, so
+    ``/queues/a/pause/pause`` pauses the queue "a/pause"."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("text", NameConvertor())
 
 
 class Route(APIRoute):
