@@ -23,11 +23,13 @@ from pgqueue.roles import privileges_explained
 
 
 class NameConvertor(Convertor[str]):
-    """A queue's or a type's name in a path, ``{name:text}``: any text a submit accepts, "/"
-    and newlines included. Starlette decodes %2F before it routes, so the default ``{name}``
-    (no "/") would leave such names unreachable, and ``{name:path}`` stops at a newline. The
-    route's fixed end still decides: the match is greedy, so
-    ``/queues/a/pause/pause`` pauses the queue "a/pause"."""
+    """A queue's or a type's name in a path, ``{name:pgqueue_name}``: any text a submit
+    accepts, "/" and newlines included. Starlette decodes %2F before it routes, so the default
+    convertor (no "/") would leave such names unreachable, and ``path`` stops at a newline.
+    The route's fixed end still decides, as the match is greedy: ``POST
+    /queues/a/pause/pause`` pauses the queue "a/pause", and ``DELETE /queues/a/pause``
+    removes it. Registered under a name of pgqueue's own: Starlette's registry is the
+    process's, shared with the application that mounts the API."""
 
     regex = "(?s:.*)"
 
@@ -38,11 +40,11 @@ class NameConvertor(Convertor[str]):
         return value
 
 
-register_url_convertor("text", NameConvertor())
+register_url_convertor("pgqueue_name", NameConvertor())
 
 
 class Route(APIRoute):
-    """Every route of the API: a statement the database refuses for want of a privilege is
+    """Every route of /api/v1. A statement the database refuses for want of a privilege is
     pgqueue's PrivilegeMissing (a JSON 503 naming the table and the grants to run, through
     the app's handler of pgqueue's errors), not psycopg's error, which no handler knows and
     which Starlette would answer with a plain-text 500."""

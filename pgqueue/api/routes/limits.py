@@ -33,7 +33,9 @@ async def list_limits(state: AppState) -> list[LimitOut]:
 
 
 @router.put(
-    "/limits/{kind}/{name:text}", response_model=LimitOut, responses=responses(400, *COMMON)
+    "/limits/{kind}/{name:pgqueue_name}",
+    response_model=LimitOut,
+    responses=responses(400, *COMMON),
 )
 async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> LimitOut:
     """Limit a task type or a queue across every worker: at most ``max_running`` at once,
@@ -54,7 +56,9 @@ async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> Li
 
 
 @router.delete(
-    "/limits/{kind}/{name:text}", response_model=LimitRemovedOut, responses=responses(*COMMON)
+    "/limits/{kind}/{name:pgqueue_name}",
+    response_model=LimitRemovedOut,
+    responses=responses(*COMMON),
 )
 async def clear_limit(kind: Kind, name: str, state: AppState) -> LimitRemovedOut:
     """Remove a limit (``removed`` says whether there was one)."""

@@ -26,7 +26,9 @@ async def list_queues(state: AppState) -> list[QueueOut]:
 
 
 @router.post(
-    "/queues/{name:text}/pause", response_model=QueueOut, responses=responses(404, *COMMON)
+    "/queues/{name:pgqueue_name}/pause",
+    response_model=QueueOut,
+    responses=responses(404, *COMMON),
 )
 async def pause_queue(
     name: str,
@@ -46,7 +48,11 @@ async def pause_queue(
     return QueueOut(**dataclasses.asdict(paused))
 
 
-@router.delete("/queues/{name:text}", response_model=QueueRemovedOut, responses=responses(*COMMON))
+@router.delete(
+    "/queues/{name:pgqueue_name}",
+    response_model=QueueRemovedOut,
+    responses=responses(*COMMON),
+)
 async def remove_queue(name: str, state: AppState) -> QueueRemovedOut:
     """Forget this queue's settings (paused, retention): a paused queue runs again, with the
     workers' retention; its tasks are not touched (``removed`` says whether it had any)."""
@@ -55,7 +61,11 @@ async def remove_queue(name: str, state: AppState) -> QueueRemovedOut:
     return QueueRemovedOut(name=name, removed=removed)
 
 
-@router.post("/queues/{name:text}/resume", response_model=QueueOut, responses=responses(*COMMON))
+@router.post(
+    "/queues/{name:pgqueue_name}/resume",
+    response_model=QueueOut,
+    responses=responses(*COMMON),
+)
 async def resume_queue(name: str, state: AppState) -> QueueOut:
     """Let workers claim this queue's tasks again; idle workers are woken at once."""
     async with state.connection() as conn:
@@ -64,7 +74,9 @@ async def resume_queue(name: str, state: AppState) -> QueueOut:
 
 
 @router.put(
-    "/queues/{name:text}/retention", response_model=QueueOut, responses=responses(400, 404, *COMMON)
+    "/queues/{name:pgqueue_name}/retention",
+    response_model=QueueOut,
+    responses=responses(400, 404, *COMMON),
 )
 async def set_queue_retention(
     name: str,
