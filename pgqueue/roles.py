@@ -10,9 +10,11 @@ exactly the same.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import textwrap
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -27,6 +29,30 @@ ROLE_LITERAL = ":'app_role'"  # ... and as a quoted string
 MAX_NAME_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names would be cut short silently
 _PRIVILEGE_NOT_GRANTED = "01007"  # the warning GRANT gives instead of failing
 _PRIVILEGE_NOT_REVOKED = "01006"
+
+
+class PrivilegeMissing(PgQueueError):
+    """The database refused a statement for want of a privilege on the pgqueue schema: the
+    role pgqueue logs in as was granted less than this pgqueue needs (by an older pgqueue's
+    grants, or a DBA revoked one). Not retried: someone must run the grants again."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(
+            f"the database refused: {detail}; the role pgqueue logs in as lacks a privilege "
+            "this pgqueue needs: run `pgqueue grant ROLE` for it as the pgqueue schema's owner "
+            "(the role that ran `pgqueue migrate`; docs/security.md)"
+        )
+
+
+@contextlib.contextmanager
+def privileges_explained() -> Iterator[None]:
+    """Turn the database's bare "permission denied for table ..." into
+    :class:`PrivilegeMissing`, which says what to run."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise PrivilegeMissing(_first_line(exc)) from exc
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,15 @@ depends_on = None
 
 def upgrade() -> None:
     op.execute("""
-    CREATE SCHEMA IF NOT EXISTS pgqueue;
+    -- Only when missing: CREATE SCHEMA IF NOT EXISTS checks CREATE on the database before it
+    -- looks, and an owner given the schema by the DBA (docs/security.md) need not have that.
+    DO $$
+    BEGIN
+        IF to_regnamespace('pgqueue') IS NULL THEN
+            CREATE SCHEMA pgqueue;
+        END IF;
+    END
+    $$;
 
     -- One row per task. No foreign keys: this is the hot table, and every status change is an
     -- UPDATE on it. Text + CHECK rather than enum types so a new status is a cheap migration.

@@ -8,6 +8,7 @@ sent before the application runs has the same body as one sent by a route.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pgqueue import log
 from pgqueue.api.schemas import ErrorOut, FieldError
 from pgqueue.api.waiters import TooManyWaiters
 from pgqueue.errors import (
@@ -27,6 +29,7 @@ from pgqueue.errors import (
     TaskNotFound,
     ValidationError,
 )
+from pgqueue.roles import PrivilegeMissing
 
 # The errors most endpoints can answer with, for their OpenAPI ``responses``.
 COMMON = (401, 413, 422, 503)
@@ -111,6 +114,9 @@ async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
         return error(404, "not_found", str(exc))
     if isinstance(exc, InvalidTaskState):
         return error(409, "conflict", str(exc), status=exc.status)
+    if isinstance(exc, PrivilegeMissing):  # like the schema: someone must run the grants
+        log.event("api.database_permission_denied", logging.ERROR, detail=exc.detail)
+        return error(503, "database_permission_denied", str(exc))
     if isinstance(exc, SchemaNotReady):  # not a retry-later: someone must run the migrations
         return error(503, "schema_not_ready", str(exc))
     if isinstance(exc, DatabaseUnavailable):

@@ -15,6 +15,36 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pgqueue import models
 from pgqueue.models import TaskStatus
 
+# How many queue names keep a submission counter of their own, per app; the rest share
+# OTHER_QUEUES. A queue's name comes from the client, and each name would otherwise add series
+# for the life of the process.
+MAX_SUBMITTED_QUEUES = 100
+OTHER_QUEUES = "(other)"
+
+
+class QueueLabels:
+    """The ``queue`` label of a counter filled from requests: the first ``limit`` distinct
+    names keep their own series (in an ordinary deployment, every queue there is), and any
+    later one is counted as OTHER_QUEUES (as is a queue of that very name), so that a client
+    submitting to a million made-up names adds one series, not a million, while the total
+    still adds up.
+
+    First come rather than "queues that exist in the database": a submission creates its
+    queue, so existence bounds nothing; and checking would cost a query per submit. A name
+    keeps its series once given one, so that a counter never moves between series."""
+
+    def __init__(self, limit: int = MAX_SUBMITTED_QUEUES) -> None:
+        self.limit = limit
+        self.named: set[str] = set()
+
+    def __call__(self, queue: str) -> str:
+        if queue in self.named:
+            return queue
+        if len(self.named) < self.limit and queue != OTHER_QUEUES:
+            self.named.add(queue)
+            return queue
+        return OTHER_QUEUES
+
 
 class ApiMetrics:
     """One app's collectors; the gauges are filled from the database on each scrape."""
@@ -37,10 +67,12 @@ class ApiMetrics:
         )
         self.submitted = Counter(
             "pgqueue_api_tasks_submitted_total",
-            "Tasks submitted",
+            f"Tasks submitted (queues beyond the first {MAX_SUBMITTED_QUEUES} named: "
+            f"queue={OTHER_QUEUES!r})",
             ["queue", "outcome"],
             registry=self.registry,
         )
+        self.submitted_queue = QueueLabels()
         self.depth = Gauge(
             "pgqueue_queue_depth",
             "Queued, running, waiting and dead-lettered tasks by queue, priority and status",
@@ -130,6 +162,10 @@ class ApiMetrics:
             "The snapshot age past which pgqueue warns (PGQUEUE_SNAPSHOT_WARN_SECONDS)",
             registry=self.registry,
         )
+
+    def count_submitted(self, queue: str, outcome: str) -> None:
+        """One submission to ``queue`` (created, replayed or refused), under a bounded label."""
+        self.submitted.labels(self.submitted_queue(queue), outcome).inc()
 
     def show_snapshot(self, held: models.OldestSnapshot | None, warn_seconds: float) -> None:
         self.snapshot_age.set(0 if held is None else held.seconds or 0)

@@ -27,8 +27,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.tasks TO :"app_role";
 
 -- Per-queue settings. SELECT: every claim checks whether its queues are paused, and pruning
 -- reads their retention. INSERT and UPDATE: pausing, resuming and setting retention (`pgqueue
--- queue`, the API), an upsert. Not DELETE.
-GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.queues TO :"app_role";
+-- queue`, the API), an upsert. DELETE: removing a queue's settings (`pgqueue queue remove`,
+-- DELETE /api/v1/queues/{name}), the undoing of what the role may pause and set; the row holds
+-- settings only, never tasks.
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.queues TO :"app_role";
 
 -- Periodic tasks. INSERT and UPDATE: workers upsert their schedules and move each one's last
 -- tick (under a row lock: the once-per-tick fence). SELECT: `pgqueue schedules`. Not DELETE.

@@ -1153,7 +1153,7 @@ def api_routes(routes: list[Any]) -> set[tuple[str, str]]:
         if inner is not None:
             found |= api_routes(getattr(inner, "routes", inner))
         elif isinstance(route, APIRoute):
-            found |= {(method, route.path) for method in route.methods}
+            found |= {(method, route.path_format) for method in route.methods}
     return found
 
 

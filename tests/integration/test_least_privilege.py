@@ -37,6 +37,7 @@ from pgqueue import migrate, roles
 from pgqueue.api import ApiSettings, create_app
 from pgqueue.cli import app as cli_app
 from pgqueue.models import TaskStatus
+from pgqueue.registry import TaskRegistry
 from pgqueue.worker.maintenance import Maintenance
 
 PASSWORD = "app-pw-7c1e"  # the shared test server trusts 127.0.0.1, so it is not checked there
@@ -177,6 +178,7 @@ def expected_privileges(version: int) -> set[tuple[str, str]]:
         ("queues", "SELECT"),
         ("queues", "INSERT"),
         ("queues", "UPDATE"),
+        ("queues", "DELETE"),
         ("schedules", "SELECT"),
         ("schedules", "INSERT"),
         ("schedules", "UPDATE"),
@@ -475,6 +477,17 @@ def test_the_app_role_runs_the_operator_commands(app_url, app_conn):
     assert "replayed 1 dead letter" in ok(app_url, "dlq", "replay", str(dead[0]))
     assert "discarded 2 dead letters" in ok(app_url, "dlq", "discard", "--all", "--yes")
     assert json.loads(ok(app_url, "--json", "migrate", "--check"))["up_to_date"] is True
+    # The queue's and the limits' settings: every command that writes them.
+    assert "paused" in ok(app_url, "queue", "pause", "cli-q", "--create")
+    assert "cli-q" in ok(app_url, "queue", "resume", "cli-q")
+    ok(app_url, "queue", "retention", "cli-q", "--completed", "1h")
+    assert "cli-q" in ok(app_url, "queue", "list")
+    assert "settings removed" in ok(app_url, "queue", "remove", "cli-q")
+    ok(app_url, "limit", "set", "--type", "cli", "--max-running", "2")
+    ok(app_url, "limit", "set", "--queue", "cli-q", "--rate", "5", "--per", "1s")
+    assert "cli-q" in ok(app_url, "limit", "list")
+    assert "limit removed" in ok(app_url, "limit", "clear", "--type", "cli")
+    assert "limit removed" in ok(app_url, "limit", "clear", "--queue", "cli-q")
 
 
 HANDLERS = (
@@ -604,9 +617,21 @@ def test_maintenance_as_the_app_role_reports_a_refused_analyze_once(
         assert analyze_count(conn) == before
 
 
+def two_step_workflow(conn: psycopg.Connection[Any]) -> str:
+    """The id of a workflow of two tasks, the second waiting for the first."""
+    tasks = TaskRegistry()
+
+    @tasks.task(name="step")
+    def step(x: int) -> int:
+        return x
+
+    return str(pgqueue.chain(step.s(1), step.s()).enqueue(conn).id)
+
+
 def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
     settings = ApiSettings(database_url=app_url, tokens=frozenset({TOKEN}))
     dead = make_dead_letters(app_conn, 3, queue="api-dead")
+    workflow = two_step_workflow(app_conn)
     headers = {"Authorization": f"Bearer {TOKEN}"}
 
     async def exercise() -> dict[str, int]:
@@ -638,6 +663,22 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
             await call("discard_one", "DELETE", f"/api/v1/dead-letters/{dead[1]}")
             await call("replay_many", "POST", "/api/v1/dead-letters/replay", {"all": True})
             await call("discard_many", "POST", "/api/v1/dead-letters/discard", {"all": True})
+            await call("count_dead_letters", "GET", "/api/v1/dead-letters/count")
+            await call("schedules", "GET", "/api/v1/schedules")
+            await call("queues", "GET", "/api/v1/queues")
+            await call("pause", "POST", "/api/v1/queues/api-q/pause?create=true")
+            await call("resume", "POST", "/api/v1/queues/api-q/resume")
+            await call(
+                "retention", "PUT", "/api/v1/queues/api-q/retention", {"completed_seconds": 60}
+            )
+            await call("remove_queue", "DELETE", "/api/v1/queues/api-q")
+            await call("set_limit", "PUT", "/api/v1/limits/type/x", {"max_running": 2})
+            await call("set_queue_limit", "PUT", "/api/v1/limits/queue/api-q", {"rate": 5})
+            await call("limits", "GET", "/api/v1/limits")
+            await call("clear_limit", "DELETE", "/api/v1/limits/type/x")
+            await call("clear_queue_limit", "DELETE", "/api/v1/limits/queue/api-q")
+            await call("workflow", "GET", f"/api/v1/workflows/{workflow}")
+            await call("cancel_workflow", "DELETE", f"/api/v1/workflows/{workflow}")
             await call("stats", "GET", "/api/v1/stats")
             await call("throughput_series", "GET", "/api/v1/throughput/series")
             await call("failures", "GET", "/api/v1/failures")
@@ -659,12 +700,71 @@ def test_the_api_as_the_app_role_serves_every_endpoint(app_url, app_conn):
         "discard_one": 200,
         "replay_many": 200,
         "discard_many": 200,
+        "count_dead_letters": 200,
+        "schedules": 200,
+        "queues": 200,
+        "pause": 200,
+        "resume": 200,
+        "retention": 200,
+        "remove_queue": 200,
+        "set_limit": 200,
+        "set_queue_limit": 200,
+        "limits": 200,
+        "clear_limit": 200,
+        "clear_queue_limit": 200,
+        "workflow": 200,
+        "cancel_workflow": 200,
         "stats": 200,
         "throughput_series": 200,
         "failures": 200,
         "metrics": 200,
         "readyz": 200,
     }
+
+
+def test_a_privilege_the_app_role_lacks_is_a_json_503_that_says_to_run_the_grants(
+    app_url, app_role, conn
+):
+    # A role granted by an older pgqueue, or a DBA's revoke: the write is refused.
+    conn.execute(
+        sql.SQL("REVOKE DELETE ON pgqueue.limits FROM {}").format(sql.Identifier(app_role))
+    )
+    settings = ApiSettings(database_url=app_url, tokens=frozenset({TOKEN}))
+
+    async def clear() -> httpx.Response:
+        app = create_app(settings)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                base_url="http://api",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as client,
+        ):
+            await client.put("/api/v1/limits/type/t", json={"max_running": 1})
+            return await client.delete("/api/v1/limits/type/t")
+
+    response = asyncio.run(clear())
+
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["error"] == "database_permission_denied"
+    assert "permission denied for table limits" in body["message"]
+    assert "pgqueue grant" in body["message"]
+
+
+def test_a_privilege_the_app_role_lacks_is_one_line_from_the_cli_that_says_to_run_the_grants(
+    app_url, app_role, conn
+):
+    conn.execute(
+        sql.SQL("REVOKE DELETE ON pgqueue.queues FROM {}").format(sql.Identifier(app_role))
+    )
+    ok(app_url, "queue", "pause", "q", "--create")
+
+    line = one_line_error(run_cli(app_url, "queue", "remove", "q"))
+
+    assert "permission denied for table queues" in line and "pgqueue grant" in line, line
+    assert "--debug" not in line and PASSWORD not in line
 
 
 def test_with_execute_revoked_from_public_the_grant_still_covers_the_functions(
@@ -802,6 +902,34 @@ def test_an_owner_role_that_is_not_superuser_migrates_and_grants(empty_database_
         owner_conn.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
         owner_conn.execute("ANALYZE pgqueue.tasks")
         assert warnings == []
+
+
+def test_an_owner_given_the_schema_by_the_dba_migrates_without_create_on_the_database(
+    empty_database_url, make_roles
+):
+    """The documented minimal setup: the DBA creates the schema for the owner role, which has
+    no CREATE on the database; `pgqueue migrate` as that role goes to head."""
+    make_roles.uses(empty_database_url)
+    owner = make_roles.create("pgqueue_owner", "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+    owner_url = url_as(empty_database_url, owner)
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE SCHEMA pgqueue AUTHORIZATION {}").format(sql.Identifier(owner))
+        )
+        (may_create,) = admin.execute(
+            "SELECT has_database_privilege(%s, current_database(), 'CREATE')", (owner,)
+        ).fetchone()
+        assert may_create is False
+
+    assert "pgqueue schema at" in ok(owner_url, "migrate")
+
+    assert migrate.current(owner_url) == migrate.head()
+    with psycopg.connect(empty_database_url, autocommit=True) as admin:
+        owners = admin.execute(
+            "SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class"
+            " WHERE relnamespace = 'pgqueue'::regnamespace"
+        ).fetchall()
+        assert owners == [(owner,)]
 
 
 # --- PostgreSQL 17 and newer: MAINTAIN -----------------------------------------------------------

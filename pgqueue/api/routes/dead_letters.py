@@ -9,7 +9,7 @@ from pgqueue import aio
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.pagination import task_page
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     BulkOut,
     Cursor,
@@ -23,7 +23,7 @@ from pgqueue.api.schemas import (
 from pgqueue.errors import InvalidTaskState, ValidationError
 from pgqueue.models import TaskStatus
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 
 @router.get("/dead-letters", response_model=TaskPage, responses=responses(*COMMON))

@@ -17,6 +17,7 @@ from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import error
 from pgqueue.api.schemas import ErrorOut, HealthOut, LivenessOut
 from pgqueue.errors import PgQueueError
+from pgqueue.roles import privileges_explained
 
 # How long /healthz waits for a database connection: a liveness probe must answer quickly
 # (Kubernetes gives it 1 s by default) whatever the database does.
@@ -29,8 +30,9 @@ async def healthz(state: AppState) -> LivenessOut:
     (read waiting at most HEALTH_WAIT_SECONDS; /readyz is the probe that fails on it)."""
     revision, reachable = None, True
     try:
-        async with state.connection(check_schema=False, timeout=HEALTH_WAIT_SECONDS) as conn:
-            revision = await state.schema_revision(conn)
+        with privileges_explained():
+            async with state.connection(check_schema=False, timeout=HEALTH_WAIT_SECONDS) as conn:
+                revision = await state.schema_revision(conn)
     except PgQueueError:
         reachable = False
     expected = state.head or migrate.head()
@@ -46,8 +48,9 @@ async def healthz(state: AppState) -> LivenessOut:
 async def readyz(state: AppState) -> Any:
     """The database is reachable and its schema is at this pgqueue's revision."""
     try:
-        async with state.connection(check_schema=False) as conn:
-            revision = await state.check_schema(conn)
+        with privileges_explained():
+            async with state.connection(check_schema=False) as conn:
+                revision = await state.check_schema(conn)
     except PgQueueError as exc:
         return error(503, "not_ready", str(exc))
     return HealthOut(status="ready", schema_revision=revision)

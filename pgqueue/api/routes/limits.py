@@ -10,10 +10,10 @@ from fastapi import APIRouter
 from pgqueue import aio
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import LimitIn, LimitOut, LimitRemovedOut
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 Kind = Literal["type", "queue"]
 
@@ -32,7 +32,11 @@ async def list_limits(state: AppState) -> list[LimitOut]:
     return [LimitOut.of(x) for x in limits]
 
 
-@router.put("/limits/{kind}/{name}", response_model=LimitOut, responses=responses(400, *COMMON))
+@router.put(
+    "/limits/{kind}/{name:pgqueue_name}",
+    response_model=LimitOut,
+    responses=responses(400, *COMMON),
+)
 async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> LimitOut:
     """Limit a task type or a queue across every worker: at most ``max_running`` at once,
     at most ``rate`` starts in any ``per_seconds`` window, and at most
@@ -52,7 +56,9 @@ async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> Li
 
 
 @router.delete(
-    "/limits/{kind}/{name}", response_model=LimitRemovedOut, responses=responses(*COMMON)
+    "/limits/{kind}/{name:pgqueue_name}",
+    response_model=LimitRemovedOut,
+    responses=responses(*COMMON),
 )
 async def clear_limit(kind: Kind, name: str, state: AppState) -> LimitRemovedOut:
     """Remove a limit (``removed`` says whether there was one)."""

@@ -11,12 +11,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pgqueue import aio, config
 from pgqueue.api.dependencies import AppState
 from pgqueue.errors import PgQueueError
+from pgqueue.roles import privileges_explained
 
 
 async def metrics(state: AppState) -> Response:
     # With the database unreachable a scrape still answers, with the request counters and
     # the gauges as last read, rather than failing the whole target.
-    with contextlib.suppress(PgQueueError):
+    with contextlib.suppress(PgQueueError), privileges_explained():
         async with state.connection() as conn:
             depth = await aio.overview(conn)
             queues = await aio.list_queues(conn)

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Query
 from pgqueue import aio
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import QueueOut, QueueRemovedOut, RetentionIn
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 
 @router.get("/queues", response_model=list[QueueOut], responses=responses(*COMMON))
@@ -25,7 +25,11 @@ async def list_queues(state: AppState) -> list[QueueOut]:
     return [QueueOut(**dataclasses.asdict(q)) for q in states]
 
 
-@router.post("/queues/{name}/pause", response_model=QueueOut, responses=responses(404, *COMMON))
+@router.post(
+    "/queues/{name:pgqueue_name}/pause",
+    response_model=QueueOut,
+    responses=responses(404, *COMMON),
+)
 async def pause_queue(
     name: str,
     state: AppState,
@@ -44,7 +48,11 @@ async def pause_queue(
     return QueueOut(**dataclasses.asdict(paused))
 
 
-@router.delete("/queues/{name}", response_model=QueueRemovedOut, responses=responses(*COMMON))
+@router.delete(
+    "/queues/{name:pgqueue_name}",
+    response_model=QueueRemovedOut,
+    responses=responses(*COMMON),
+)
 async def remove_queue(name: str, state: AppState) -> QueueRemovedOut:
     """Forget this queue's settings (paused, retention): a paused queue runs again, with the
     workers' retention; its tasks are not touched (``removed`` says whether it had any)."""
@@ -53,7 +61,11 @@ async def remove_queue(name: str, state: AppState) -> QueueRemovedOut:
     return QueueRemovedOut(name=name, removed=removed)
 
 
-@router.post("/queues/{name}/resume", response_model=QueueOut, responses=responses(*COMMON))
+@router.post(
+    "/queues/{name:pgqueue_name}/resume",
+    response_model=QueueOut,
+    responses=responses(*COMMON),
+)
 async def resume_queue(name: str, state: AppState) -> QueueOut:
     """Let workers claim this queue's tasks again; idle workers are woken at once."""
     async with state.connection() as conn:
@@ -62,7 +74,9 @@ async def resume_queue(name: str, state: AppState) -> QueueOut:
 
 
 @router.put(
-    "/queues/{name}/retention", response_model=QueueOut, responses=responses(400, 404, *COMMON)
+    "/queues/{name:pgqueue_name}/retention",
+    response_model=QueueOut,
+    responses=responses(400, 404, *COMMON),
 )
 async def set_queue_retention(
     name: str,

@@ -8,10 +8,10 @@ from fastapi import APIRouter
 from pgqueue import aio
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import ScheduleOut
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 
 @router.get("/schedules", response_model=list[ScheduleOut], responses=responses(*COMMON))

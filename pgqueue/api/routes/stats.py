@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from pgqueue import aio, config
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     DepthRow,
     KeyStatsRow,
@@ -24,7 +24,7 @@ from pgqueue.api.schemas import (
 )
 from pgqueue.operations import DEFAULT_BUSIEST_KEYS, MAX_BUSIEST_KEYS, MAX_SERIES_MINUTES
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 
 @router.get("/stats", response_model=StatsOut, responses=responses(*COMMON))

@@ -11,7 +11,7 @@ from pgqueue import aio, tracing
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
 from pgqueue.api.pagination import declared_timeouts, task_page, timeout_of
-from pgqueue.api.routes import V1
+from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     CancelOut,
     Cursor,
@@ -24,12 +24,12 @@ from pgqueue.api.schemas import (
     TaskPage,
     TaskStatusName,
 )
-from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH
+from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH, check_name
 from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
 from pgqueue.models import Parent, Task, TaskStatus
 from pgqueue.operations import parse_task_id
 
-router = APIRouter(prefix=V1)
+router = APIRouter(prefix=V1, route_class=Route)
 
 # Where a submitted task can be read whole (the submit answer leaves its payload out).
 LOCATION = {
@@ -39,6 +39,20 @@ LOCATION = {
         "schema": {"type": "string"},
     }
 }
+
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def _header_text(value: str, header: str) -> str:
+    """A header's value as the UTF-8 its client sent. ASGI servers hand headers over as
+    bytes and Starlette decodes them as Latin-1, which would store a non-ASCII key garbled,
+    and unequal to the same key sent in the body (a second task)."""
+    try:
+        text = value.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationError(header, "is not valid UTF-8: send the key as UTF-8") from None
+    return check_name(header, text, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
 
 
 @router.post(
@@ -66,7 +80,10 @@ async def submit(
     response: Response,
     state: AppState,
     idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=MAX_IDEMPOTENCY_KEY_LENGTH)
+        str | None,
+        # The length is checked once the key is decoded (a character may be several bytes):
+        # declared here only for the OpenAPI document.
+        Header(min_length=1, json_schema_extra={"maxLength": MAX_IDEMPOTENCY_KEY_LENGTH}),
     ] = None,
 ) -> SubmitOut | JSONResponse:
     """Submit a task: 202 with the new task, or 200 with the original one when its
@@ -75,6 +92,8 @@ async def submit(
     ``"key_reuse": "refuse"``, a used key answers 200 only for the same type, queue,
     payload and concurrency key, and 409 ``idempotency_conflict`` (the original's ``task_id``
     and the ``differing_fields``) otherwise."""
+    if idempotency_key is not None:
+        idempotency_key = _header_text(idempotency_key, IDEMPOTENCY_HEADER)
     key = body.idempotency_key or idempotency_key
     if body.idempotency_key and idempotency_key and body.idempotency_key != idempotency_key:
         raise ValidationError("idempotency_key", "the header and the body field differ")
@@ -104,7 +123,7 @@ async def submit(
     except IdempotencyConflict as exc:
         # Answered here rather than by the shared handlers: this body carries what only
         # this refusal has (the original task and the differing fields).
-        state.metrics.submitted.labels(body.queue or exc.original_queue, "refused").inc()
+        state.metrics.count_submitted(body.queue or exc.original_queue, "refused")
         conflict = IdempotencyConflictOut(
             error="idempotency_conflict",
             message=str(exc),
@@ -114,7 +133,7 @@ async def submit(
         )
         return JSONResponse(conflict.model_dump(mode="json"), status_code=409)
     submitted = result.task.queue  # the declared queue when the body gave none
-    state.metrics.submitted.labels(submitted, "created" if result.created else "replayed").inc()
+    state.metrics.count_submitted(submitted, "created" if result.created else "replayed")
     if not result.created:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
