@@ -52,7 +52,12 @@ def privileges_explained() -> Iterator[None]:
     try:
         yield
     except psycopg.errors.InsufficientPrivilege as exc:
-        raise PrivilegeMissing(_first_line(exc)) from exc
+        raise privilege_missing(exc) from exc
+
+
+def privilege_missing(exc: psycopg.errors.InsufficientPrivilege) -> PrivilegeMissing:
+    """The database's refusal as :class:`PrivilegeMissing` (its first line, and what to run)."""
+    return PrivilegeMissing(_first_line(exc))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,6 @@ from pgqueue.cli.output import emit
 from pgqueue.cli.parsing import parse_count, parse_duration, show_duration
 from pgqueue.formatting import MISSING, table
 from pgqueue.models import Limit as LimitRow
-from pgqueue.roles import privileges_explained
 
 group = typer.Typer(
     help="Limits on a task type or a queue, across every worker: how many run at once, how "
@@ -76,7 +75,7 @@ def limit_set(
 ) -> None:
     """Limit a task type (--type) or a queue (--queue) across the whole fleet, in the
     database. The limit is set as a whole: a part left out is no limit of that kind."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         limit = ops.set_limit(
             conn,
             type=task_type,
@@ -101,7 +100,7 @@ def limit_set(
 @group.command("clear")
 def limit_clear(task_type: LimitType = None, queue: LimitQueue = None) -> None:
     """Remove the limit on a task type or a queue."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         removed = ops.clear_limit(conn, type=task_type, queue=queue)
     kind, name = ("type", task_type) if task_type is not None else ("queue", queue)
     emit(
@@ -122,7 +121,7 @@ def limit_list() -> None:
     """Every limit, with the tasks running under it and its starts in the rate window. For a
     per-key limit (PER KEY), KEYS AT CAP says how many of the keys with tasks running under
     it are at that cap: their next tasks wait for one of theirs to finish."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         limits = ops.list_limits(conn)
     human = (
         table(

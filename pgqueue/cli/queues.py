@@ -16,7 +16,6 @@ from pgqueue.cli.output import emit
 from pgqueue.cli.parsing import parse_duration, show_duration
 from pgqueue.formatting import age, table, timestamp
 from pgqueue.models import OldestSnapshot, QueueState
-from pgqueue.roles import privileges_explained
 
 commands = typer.Typer()
 group = typer.Typer(
@@ -56,7 +55,7 @@ def stats(
     tasks have concurrency keys, the busiest keys (running + ready) with their tasks running and
     ready (N+: the key has 1,000 or more queued tasks, counted no further, of which N are
     ready)."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         depth = ops.overview(conn)
         finished = ops.throughput(conn, window_seconds=window)
         paused = sorted(q.name for q in ops.list_queues(conn) if q.paused)
@@ -139,7 +138,7 @@ def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
 @commands.command()
 def schedules() -> None:
     """Periodic tasks the workers declared: cron, time zone, last tick and next run."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         rows = ops.list_schedules(conn)
     human = (
         table(
@@ -190,7 +189,7 @@ def queue_pause(
     """Stop every worker from claiming this queue's tasks until it is resumed. Running tasks
     finish; submitting still works; it stays paused across restarts (`queue remove` forgets
     its settings)."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         queue = ops.pause_queue(conn, name, create=create)
     emit(_queue_dict(queue), _queue_line(queue) + ": workers claim none of its tasks")
 
@@ -198,7 +197,7 @@ def queue_pause(
 @group.command("resume")
 def queue_resume(name: QueueNameArg) -> None:
     """Let workers claim this queue's tasks again (idle workers are woken at once)."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         queue = ops.resume_queue(conn, name)
     emit(_queue_dict(queue), _queue_line(queue))
 
@@ -207,7 +206,7 @@ def queue_resume(name: QueueNameArg) -> None:
 def queue_remove(name: QueueNameArg) -> None:
     """Forget this queue's settings (paused, retention): a paused queue runs again, with the
     workers' retention. Its tasks are not touched."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         removed = ops.remove_queue(conn, name)
     emit(
         {"name": name, "removed": removed},
@@ -219,7 +218,7 @@ def queue_remove(name: QueueNameArg) -> None:
 def queue_list() -> None:
     """Queues with tasks (in any status) or a setting: paused or running, and their
     retention."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         states = ops.list_queues(conn)
     human = (
         table(
@@ -274,7 +273,7 @@ def queue_retention(
     """Set how long this queue's finished tasks are kept, in place of the workers' defaults
     (--completed-retention, --dead-retention). Both are set at once: one left out goes back
     to the default. Pruning applies it from its next round on."""
-    with privileges_explained(), connection() as conn:
+    with connection() as conn:
         q = ops.set_queue_retention(conn, name, completed=completed, dead=dead, create=create)
     emit(
         _queue_dict(q),

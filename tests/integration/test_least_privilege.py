@@ -767,6 +767,22 @@ def test_a_privilege_the_app_role_lacks_is_one_line_from_the_cli_that_says_to_ru
     assert "--debug" not in line and PASSWORD not in line
 
 
+def test_any_command_refused_for_want_of_a_privilege_says_to_run_the_grants(
+    app_url, app_role, conn
+):
+    conn.execute(
+        sql.SQL("REVOKE INSERT ON pgqueue.tasks FROM {}").format(sql.Identifier(app_role))
+    )
+
+    result = run_cli(app_url, "enqueue", "t", "--payload", "{}", "--json")
+
+    assert result.returncode == 1, result.stderr
+    error = json.loads(result.stderr)
+    assert error["error"] == "permission_denied", error
+    assert "permission denied for table tasks" in error["message"], error
+    assert "pgqueue grant" in error["message"] and PASSWORD not in result.stderr
+
+
 def test_with_execute_revoked_from_public_the_grant_still_covers_the_functions(
     database_url, conn, app_url, app_conn
 ):
