@@ -34,6 +34,48 @@ ENV_LIMIT_CONCURRENCY = "PGQUEUE_API_LIMIT_CONCURRENCY"
 CONCURRENCY_ABOVE_WAITERS = 1_000
 
 
+MaxHeaderBytesOption = Annotated[
+    int,
+    typer.Option(
+        min=1024,
+        envvar=ENV_MAX_HEADER_BYTES,
+        show_envvar=True,
+        help="Largest request head (request line and headers); a larger one is refused "
+        "with 431 and the connection closed.",
+    ),
+]
+HeaderTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        envvar=ENV_HEADER_TIMEOUT,
+        show_envvar=True,
+        help="Seconds a request's head may take to arrive, from the connection's start or "
+        "the previous response; then 408 and the connection closed.",
+    ),
+]
+KeepAliveTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        envvar=ENV_KEEP_ALIVE_TIMEOUT,
+        show_envvar=True,
+        help="Seconds an idle connection (no request yet, or between requests) is kept open.",
+    ),
+]
+LimitConcurrencyOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        envvar=ENV_LIMIT_CONCURRENCY,
+        show_envvar=True,
+        help="Connections and requests a server process holds at once; beyond them a "
+        "request gets 503. Default: PGQUEUE_API_MAX_WAITERS + 1000 (waiting requests "
+        "hold theirs); it must exceed PGQUEUE_API_MAX_WAITERS.",
+    ),
+]
+
+
 def _is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -95,46 +137,10 @@ def serve(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
-    max_header_bytes: Annotated[
-        int,
-        typer.Option(
-            min=1024,
-            envvar=ENV_MAX_HEADER_BYTES,
-            show_envvar=True,
-            help="Largest request head (request line and headers); a larger one is refused "
-            "with 431 and the connection closed.",
-        ),
-    ] = 64 * 1024,
-    header_timeout: Annotated[
-        float,
-        typer.Option(
-            min=0.1,
-            envvar=ENV_HEADER_TIMEOUT,
-            show_envvar=True,
-            help="Seconds a request's head may take to arrive, from the connection's start or "
-            "the previous response; then 408 and the connection closed.",
-        ),
-    ] = 10.0,
-    keep_alive_timeout: Annotated[
-        float,
-        typer.Option(
-            min=0.1,
-            envvar=ENV_KEEP_ALIVE_TIMEOUT,
-            show_envvar=True,
-            help="Seconds an idle connection (no request yet, or between requests) is kept open.",
-        ),
-    ] = 5.0,
-    limit_concurrency: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            envvar=ENV_LIMIT_CONCURRENCY,
-            show_envvar=True,
-            help="Connections and requests a server process holds at once; beyond them a "
-            "request gets 503. Default: PGQUEUE_API_MAX_WAITERS + 1000 (waiting requests "
-            "hold theirs); it must exceed PGQUEUE_API_MAX_WAITERS.",
-        ),
-    ] = None,
+    max_header_bytes: MaxHeaderBytesOption = 64 * 1024,
+    header_timeout: HeaderTimeoutOption = 10.0,
+    keep_alive_timeout: KeepAliveTimeoutOption = 5.0,
+    limit_concurrency: LimitConcurrencyOption = None,
 ) -> None:
     """Serve the HTTP API (tokens: PGQUEUE_API_TOKENS or PGQUEUE_API_TOKENS_FILE)."""
     import os
