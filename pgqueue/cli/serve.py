@@ -4,6 +4,10 @@ It refuses to listen beyond loopback without API tokens unless told to: an API o
 network without authentication would let anyone submit, cancel and discard tasks. Before
 uvicorn's own lines it says where the API and the dashboard are, the database (password
 masked) and whether authentication is on (``--json``: the same as one JSON document).
+
+uvicorn runs with the limits of :mod:`pgqueue.api.server` (a bounded request head, a timeout
+for it and for idle connections, a bound on connections) and an access log that masks
+credential-looking query values.
 """
 
 from __future__ import annotations
@@ -20,6 +24,56 @@ from pgqueue.config import redact
 from pgqueue.errors import PgQueueError
 
 commands = typer.Typer()
+
+ENV_MAX_HEADER_BYTES = "PGQUEUE_API_MAX_HEADER_BYTES"
+ENV_HEADER_TIMEOUT = "PGQUEUE_API_HEADER_TIMEOUT"
+ENV_KEEP_ALIVE_TIMEOUT = "PGQUEUE_API_KEEP_ALIVE_TIMEOUT"
+ENV_LIMIT_CONCURRENCY = "PGQUEUE_API_LIMIT_CONCURRENCY"
+# Above PGQUEUE_API_MAX_WAITERS by default: room for ordinary requests and idle keep-alive
+# connections (uvicorn counts both) while every waiter the API allows is waiting.
+CONCURRENCY_ABOVE_WAITERS = 1_000
+
+
+MaxHeaderBytesOption = Annotated[
+    int,
+    typer.Option(
+        min=1024,
+        envvar=ENV_MAX_HEADER_BYTES,
+        show_envvar=True,
+        help="Largest request head (request line and headers); a larger one is refused "
+        "with 431 and the connection closed.",
+    ),
+]
+HeaderTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        envvar=ENV_HEADER_TIMEOUT,
+        show_envvar=True,
+        help="Seconds a request's head may take to arrive, from the connection's start or "
+        "the previous response; then 408 and the connection closed.",
+    ),
+]
+KeepAliveTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        envvar=ENV_KEEP_ALIVE_TIMEOUT,
+        show_envvar=True,
+        help="Seconds an idle connection (no request yet, or between requests) is kept open.",
+    ),
+]
+LimitConcurrencyOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        envvar=ENV_LIMIT_CONCURRENCY,
+        show_envvar=True,
+        help="Connections and requests a server process holds at once; beyond them a "
+        "request gets 503. Default: PGQUEUE_API_MAX_WAITERS + 1000 (waiting requests "
+        "hold theirs); it must exceed PGQUEUE_API_MAX_WAITERS.",
+    ),
+]
 
 
 def _is_loopback(host: str) -> bool:
@@ -83,6 +137,10 @@ def serve(
         ),
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    max_header_bytes: MaxHeaderBytesOption = 64 * 1024,
+    header_timeout: HeaderTimeoutOption = 10.0,
+    keep_alive_timeout: KeepAliveTimeoutOption = 5.0,
+    limit_concurrency: LimitConcurrencyOption = None,
 ) -> None:
     """Serve the HTTP API (tokens: PGQUEUE_API_TOKENS or PGQUEUE_API_TOKENS_FILE)."""
     import os
@@ -91,6 +149,7 @@ def serve(
         import uvicorn
 
         from pgqueue.api import ApiSettings
+        from pgqueue.api import server as limits
     except ImportError as exc:
         raise PgQueueError(
             f"the HTTP API needs its extra dependencies ({exc.name} is missing): "
@@ -102,6 +161,7 @@ def serve(
             f"refusing to listen on {host} without authentication: set PGQUEUE_API_TOKENS "
             "(or PGQUEUE_API_TOKENS_FILE), listen on 127.0.0.1, or pass --allow-unauthenticated"
         )
+    concurrency = _concurrency(limit_concurrency, settings.max_waiters)
     # Resolve once here (starting the embedded server if needed) and hand the URL to every
     # server process through the environment, where the app factory reads it.
     url = state.url()
@@ -109,7 +169,20 @@ def serve(
     os.environ["PGQUEUE_POOLER"] = state.pooler  # --pooler, for the app's pool and waits
     data, human = banner(host, port, url, len(settings.tokens), allow_unauthenticated)
     emit(data, human)
+    open_files, wanted = limits.raise_open_files_limit(concurrency)
+    if open_files < wanted:
+        print(
+            f"warning: {open_files} open files allowed (ulimit -n), fewer than the "
+            f"{wanted} that --limit-concurrency {concurrency} needs: raise the limit "
+            "(systemd: LimitNOFILE=) or lower --limit-concurrency",
+            file=sys.stderr,
+        )
     sys.stdout.flush()  # before uvicorn's lines, also when stdout is a pipe
+    connection = limits.ConnectionLimits(
+        max_header_bytes=max_header_bytes,
+        header_timeout=header_timeout,
+        keep_alive_timeout=keep_alive_timeout,
+    )
     uvicorn.run(
         "pgqueue.api:app_from_env",
         factory=True,
@@ -117,5 +190,23 @@ def serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        log_config=limits.log_config(),
         proxy_headers=False,
+        http=limits.protocol(connection),
+        limit_concurrency=concurrency,
     )
+
+
+def _concurrency(limit: int | None, max_waiters: int) -> int:
+    """--limit-concurrency, or its default; refused at or below the waiters the API allows,
+    which would otherwise get uvicorn's 503 before the API's own limit is reached."""
+    if limit is None:
+        return max_waiters + CONCURRENCY_ABOVE_WAITERS
+    if limit <= max_waiters:
+        raise UsageProblem(
+            f"--limit-concurrency {limit} is not above PGQUEUE_API_MAX_WAITERS ({max_waiters}): "
+            "requests waiting for a result (?wait=) would take every connection; set "
+            f"PGQUEUE_API_MAX_WAITERS below {limit} or raise --limit-concurrency",
+            param_hint="'--limit-concurrency'",
+        )
+    return limit

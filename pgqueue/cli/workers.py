@@ -119,9 +119,9 @@ MetricsPortOption = Annotated[
 MetricsHostOption = Annotated[
     str,
     typer.Option(
-        help="Address for --metrics-port. 0.0.0.0 (every IPv4 interface) lets Prometheus "
-        "and the kubelet reach a pod on its IP; there is no authentication, so use "
-        "127.0.0.1 where the port must stay local.",
+        help="Address for --metrics-port: loopback by default. 0.0.0.0 (every IPv4 "
+        "interface) lets Prometheus and the kubelet reach a pod on its IP; the port has no "
+        "authentication, so open it only where the network is yours.",
     ),
 ]
 PoolerOption = Annotated[
@@ -266,7 +266,7 @@ def worker(
     log_format: LogFormatOption = "text",
     log_level: LogLevelOption = "INFO",
     metrics_port: MetricsPortOption = None,
-    metrics_host: MetricsHostOption = "0.0.0.0",
+    metrics_host: MetricsHostOption = "127.0.0.1",
     worker_id: WorkerIdOption = "",
     max_overrunning: MaxOverrunningOption = None,
     loop_blocked_after: LoopBlockedAfterOption = 0.1,
@@ -493,8 +493,6 @@ def _preload(options: WorkerOptions) -> None:
     migrate.revisions()  # the revision files, read (and cached) once
     driver.statements()  # the SQL files, likewise
     if options.metrics_port is not None:
-        import http.server  # noqa: F401  (the metrics server's)
-
         with contextlib.suppress(ImportError):  # missing: each child says so, as before
             import prometheus_client  # noqa: F401
 

@@ -35,8 +35,6 @@ from pgqueue.operations import backlog
 from pgqueue.worker.results import MaintenanceResult
 
 if TYPE_CHECKING:
-    import http.server
-
     from prometheus_client.metrics_core import Metric
 
 T = TypeVar("T")
@@ -49,6 +47,14 @@ HEALTHZ_STALE_SECONDS = 5.0
 # whole table, and every worker with a metrics port may be scraped.
 QUEUE_DEPTH_MAX_AGE = 5.0
 QUEUE_DEPTH_TIMEOUT_SECONDS = 3
+# The metrics port's server (_MetricsServer): at most this many connections open at once (a
+# scrape and a probe need two), this many seconds for a
+# request's head to arrive and for its reply to be taken, a head at most this large, and at
+# most this many threads rendering /metrics.
+MAX_CONNECTIONS = 16
+REQUEST_TIMEOUT_SECONDS = 5.0
+MAX_HEAD_BYTES = 16 * 1024
+RENDER_THREADS = 2
 PRIORITIES = ("high", "normal", "low")
 # Seconds. Handlers run from milliseconds to minutes; a claim round is a few milliseconds.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -215,7 +221,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self.registry.register(self)
         self.last_beat = time.monotonic()
         self._beat_task: asyncio.Task[None] | None = None
-        self._server: http.server.ThreadingHTTPServer | None = None
+        self._server: _MetricsServer | None = None
 
     # --- the hooks ---------------------------------------------------------------------------
 
@@ -417,24 +423,14 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         self._beat_task = asyncio.get_running_loop().create_task(
             self._beat(), name="metrics-heartbeat"
         )
-        import http.server  # only with a metrics port (not at every worker's start)
-
-        handler = _handler_class(self)
         try:
-            self._server = http.server.ThreadingHTTPServer((self.host, self.port), handler)
+            self._server = _MetricsServer(self, self.host, self.port)
         except OSError as exc:
             self._beat_task.cancel()
             raise ConfigurationError(
                 f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc}"
             ) from None
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]  # the one bound, for port 0
-        threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="pgqueue-metrics",
-            daemon=True,
-        ).start()
+        self.port = self._server.port  # the one bound, for port 0
         event("worker.metrics_serving", host=self.host, port=self.port)
 
     def stop(self) -> None:
@@ -442,8 +438,7 @@ class PrometheusWorkerMetrics(WorkerMetrics):
             self._beat_task.cancel()
             self._beat_task = None
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
         self.depth.close()
 
@@ -463,32 +458,114 @@ class PrometheusWorkerMetrics(WorkerMetrics):
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def _handler_class(metrics: PrometheusWorkerMetrics) -> type[http.server.BaseHTTPRequestHandler]:
-    import http.server
+class _MetricsServer:
+    """The port's HTTP server: an asyncio loop of its own in one daemon thread (never the
+    worker's loop, whose stalls /healthz reports), so that a connection costs a socket, not
+    a thread. A request's head must arrive within REQUEST_TIMEOUT_SECONDS and fit in
+    MAX_HEAD_BYTES; at most MAX_CONNECTIONS are open at once (beyond, a new one closes the
+    one that has waited longest for its head, or itself when none is waiting). /metrics is
+    rendered on at most RENDER_THREADS threads (a scrape may read the database), /healthz on
+    the server's thread, so that a slow depth read never delays it."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.partition("?")[0]
-            if path == "/metrics":
-                self._reply(200, *metrics.exposition())
-            elif path == "/healthz":
-                alive, age = metrics.healthy()
-                text = "ok\n" if alive else f"event loop stalled for {age:.1f} s\n"
-                self._reply(200 if alive else 503, text.encode(), "text/plain; charset=utf-8")
-            else:
-                self._reply(404, b"not found: try /metrics or /healthz\n", "text/plain")
+    def __init__(self, metrics: PrometheusWorkerMetrics, host: str, port: int) -> None:
+        import concurrent.futures
+        import socket
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+        self.metrics = metrics
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # Bound here, on the caller's thread, so that a port in use fails the worker's start.
+        self._socket = socket.create_server((host.strip("[]"), port), family=family, backlog=64)
+        self.port = int(self._socket.getsockname()[1])
+        self._render = concurrent.futures.ThreadPoolExecutor(
+            RENDER_THREADS, thread_name_prefix="pgqueue-metrics-render"
+        )
+        self._open = 0
+        self._heading: dict[asyncio.StreamWriter, None] = {}  # waiting for their head, oldest first
+        self._loop = asyncio.new_event_loop()
+        self._stopped: asyncio.Event | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="pgqueue-metrics", daemon=True
+        )
+        self._thread.start()
+        ready.wait(5)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # one line per scrape and probe on stderr would drown the worker's events
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve(ready))
+        finally:
+            self._loop.close()
 
-    return Handler
+    async def _serve(self, ready: threading.Event) -> None:
+        self._stopped = asyncio.Event()
+        server = await asyncio.start_server(
+            self._connection, sock=self._socket, limit=MAX_HEAD_BYTES
+        )
+        ready.set()
+        async with server:
+            await self._stopped.wait()
+
+    def close(self) -> None:
+        """Stop listening and close every connection; returns within about a second."""
+        if self._stopped is not None and self._loop.is_running():
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                self._loop.call_soon_threadsafe(self._stopped.set)
+        self._thread.join(timeout=1)
+        self._render.shutdown(wait=False, cancel_futures=True)
+        self._socket.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            if not self._heading:
+                writer.transport.abort()  # every slot is rendering or replying
+                return
+            # Make room by closing the connection that has waited longest for its head: a
+            # scraper sends its head at once, so a flood of slow ones never locks it out.
+            oldest = next(iter(self._heading))
+            del self._heading[oldest]
+            oldest.transport.abort()
+        self._open += 1
+        self._heading[writer] = None
+        try:
+            try:
+                head = await asyncio.wait_for(
+                    reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_SECONDS
+                )
+            finally:
+                self._heading.pop(writer, None)
+            status, body, content_type = await self._respond(head)
+            writer.write(
+                b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n"
+                % (status, _REASONS[status], content_type.encode(), len(body))
+                + body
+            )
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_SECONDS)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # too slow, too large, or gone: closed below, nothing to answer
+        finally:
+            self._open -= 1
+            writer.transport.abort()  # no lingering: the reply was drained, or is not owed
+
+    async def _respond(self, head: bytes) -> tuple[int, bytes, str]:
+        """(status, body, content type) for a request's head."""
+        method, _, rest = head.partition(b" ")
+        path = rest.partition(b" ")[0].partition(b"?")[0]
+        if method != b"GET":
+            return 405, b"only GET: try /metrics or /healthz\n", "text/plain"
+        if path == b"/healthz":
+            alive, age = self.metrics.healthy()
+            text = "ok\n" if alive else f"event loop stalled for {age:.1f} s\n"
+            return (200 if alive else 503), text.encode(), "text/plain; charset=utf-8"
+        if path == b"/metrics":
+            loop = asyncio.get_running_loop()
+            body, content_type = await loop.run_in_executor(self._render, self.metrics.exposition)
+            return 200, body, content_type
+        return 404, b"not found: try /metrics or /healthz\n", "text/plain"
+
+
+_REASONS = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 503: b"Service Unavailable"}
 
 
 class _QueueDepth:
