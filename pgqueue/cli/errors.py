@@ -28,7 +28,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import psycopg
 import typer
 
 from pgqueue.cli.state import state
@@ -47,7 +46,6 @@ from pgqueue.errors import (
     WorkflowFailed,
     WorkflowNotFound,
 )
-from pgqueue.roles import PrivilegeMissing, privilege_missing
 
 # `pgqueue status ID --wait SECONDS` when the task did not finish in time: neither a usage
 # error (2) nor a failure (1), so that a script can tell "not yet" from "went wrong".
@@ -135,7 +133,7 @@ def _kind(exc: PgQueueError) -> tuple[str, dict[str, Any]]:
         return "configuration", {}
     if isinstance(exc, Declined):
         return "aborted", {}
-    if isinstance(exc, PrivilegeMissing):
+    if type(exc).__name__ == "PrivilegeMissing":  # pgqueue.roles imports psycopg
         return "permission_denied", {}
     return "error", {}
 
@@ -168,11 +166,6 @@ def exit_reporting_errors(run: Callable[[], object]) -> NoReturn:
             raise
         kind, details = _kind(exc)
         _fail(str(exc), 1, kind, **details)
-    except psycopg.errors.InsufficientPrivilege as exc:
-        # Whatever the command: the role lacks a grant, and the fix is the same one line.
-        if state.debug:
-            raise
-        _fail(str(privilege_missing(exc)), 1, "permission_denied")
     except typer.Abort:
         _fail("aborted", 1, "aborted")
     except KeyboardInterrupt:
@@ -183,6 +176,10 @@ def exit_reporting_errors(run: Callable[[], object]) -> NoReturn:
     except Exception as exc:
         if state.debug:
             raise
+        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege, any command
+            from pgqueue.roles import privilege_missing  # psycopg: not at every command's start
+
+            _fail(str(privilege_missing(exc)), 1, "permission_denied")  # type: ignore[arg-type]
         _fail(
             f"{type(exc).__name__}: {exc} (run with --debug for the traceback)",
             1,

@@ -40,7 +40,8 @@ class WorkerConfig:
     # Serve Prometheus metrics and /healthz on this port (None: off; 0: any free port).
     # Needs prometheus_client, imported only then.
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    # Loopback unless told otherwise: the port has no authentication (docs/security.md).
+    metrics_host: str = "127.0.0.1"
     maintenance: MaintenanceConfig = dataclasses.field(default_factory=MaintenanceConfig)
     # Recycle the worker when more than this many sync handlers run on past their timeout
     # (their threads cannot be killed; each holds its slot until it returns): stop claiming,

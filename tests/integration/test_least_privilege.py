@@ -770,9 +770,7 @@ def test_a_privilege_the_app_role_lacks_is_one_line_from_the_cli_that_says_to_ru
 def test_any_command_refused_for_want_of_a_privilege_says_to_run_the_grants(
     app_url, app_role, conn
 ):
-    conn.execute(
-        sql.SQL("REVOKE INSERT ON pgqueue.tasks FROM {}").format(sql.Identifier(app_role))
-    )
+    conn.execute(sql.SQL("REVOKE INSERT ON pgqueue.tasks FROM {}").format(sql.Identifier(app_role)))
 
     result = run_cli(app_url, "enqueue", "t", "--payload", "{}", "--json")
 
