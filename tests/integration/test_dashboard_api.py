@@ -25,7 +25,7 @@ from helpers import make_dead_letters
 import pgqueue
 from pgqueue.api import ApiSettings
 
-TOKEN = "dash-token-5b2d9e"
+TOKEN = "dash-token-5b2d9e-0f1e2d3c4b5a69788796"
 DASHBOARD = Path(pgqueue.__file__).parent / "dashboard"
 
 

@@ -28,7 +28,7 @@ from pgqueue import config, migrate
 from pgqueue.api import ApiSettings, create_app
 
 JSON = {"Content-Type": "application/json"}
-TOKEN = "tok-edges-5e1d"
+TOKEN = "tok-edges-5e1d-7a9c0b2e4d6f8a1c3e5f"
 BIG = 8 * 1024 * 1024  # an upload many times any limit here
 ENVELOPE_BYTES = 64 * 1024  # what the body limit allows on top of the payload limit
 
