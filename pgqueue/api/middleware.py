@@ -530,8 +530,9 @@ def _too_large(limit: int) -> JSONResponse:
     return error(
         413,
         "body_too_large",
-        f"the request body exceeds {limit} bytes (PGQUEUE_API_MAX_BODY_BYTES; by default the "
-        "payload limit, PGQUEUE_MAX_PAYLOAD_BYTES, plus 64 KiB for the rest of the request)",
+        f"the request body exceeds {limit} bytes (PGQUEUE_API_MAX_BODY_BYTES; by default three "
+        "times the payload limit, PGQUEUE_MAX_PAYLOAD_BYTES, for a client's escaping, plus "
+        "64 KiB for the rest of the request)",
     )
 
 
