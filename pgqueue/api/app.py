@@ -145,6 +145,8 @@ def _with_scopes(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[
                 scope_line = f"Scope: {scopes.describe(name)}."
                 text = operation.get("description")
                 operation["description"] = f"{text}\n\n{scope_line}" if text else scope_line
+                if scopes.OPEN in scopes.needed(name):
+                    continue  # the probes: answered whatever the host, the peer, the token
                 responses = operation.setdefault("responses", {})
                 for code, description in REFUSED.items():
                     responses.setdefault(code, {"description": description})
