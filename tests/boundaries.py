@@ -83,7 +83,7 @@ class Api:
             self._stop_loop()
             raise
         transport = httpx.ASGITransport(app=self.app, raise_app_exceptions=False)
-        self.client = httpx.AsyncClient(transport=transport, base_url="http://testserver")
+        self.client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
     def run(self, coro: Any, timeout: float = 60) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

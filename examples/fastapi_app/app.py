@@ -163,8 +163,15 @@ def create_app(database_url: str | None = None, admin_password: str | None = Non
     password = admin_password or os.environ["ADMIN_PASSWORD"]
     # One URL for the app, the worker and pgqueue's API; SQLAlchemy wants its driver named.
     engine = create_async_engine(make_url(url).set(drivername="postgresql+psycopg"))
-    # No tokens of its own: StaffOnly below is its authentication.
-    queue = pgqueue.api.create_app(pgqueue.api.ApiSettings(database_url=url))
+    # No tokens of its own: StaffOnly below is its authentication, for requests from anywhere
+    # (allow_unauthenticated) sent to any of this app's names (allowed_hosts "*": a page that
+    # rebinds its own name to this server cannot present the staff login, which the browser
+    # keeps for this app's origin).
+    queue = pgqueue.api.create_app(
+        pgqueue.api.ApiSettings(
+            database_url=url, allow_unauthenticated=True, allowed_hosts=frozenset({"*"})
+        )
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

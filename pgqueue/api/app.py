@@ -11,20 +11,25 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pgqueue.api import scopes
 from pgqueue.api.dependencies import attach_state, authentication, state_of
 from pgqueue.api.errors import on_http_error, on_pgqueue_error, on_validation
 from pgqueue.api.middleware import (
+    AllowedHosts,
     BearerAuth,
     BodyLimit,
     CrossSiteWrites,
     FinishReading,
     JsonBodies,
+    LocalOnly,
     Measure,
 )
 from pgqueue.api.routes import (
@@ -94,16 +99,66 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     metrics.add_to(app)
     dashboard.add_to(app)
     health.add_to(app)
+    app.openapi = _with_scopes(app, app.openapi)  # type: ignore[method-assign]
     # Each added one wraps the ones before: FinishReading runs first (it reads what is left
-    # of any body refused below it), then CrossSiteWrites and BearerAuth, both before any
-    # body is read, then BodyLimit and JsonBodies.
+    # of any body refused below it), then AllowedHosts, LocalOnly, CrossSiteWrites and
+    # BearerAuth, all before any body is read, then BodyLimit and JsonBodies.
     app.add_middleware(Measure, metrics=state.metrics, routes=app.router.routes)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=settings.body_limit())
-    app.add_middleware(BearerAuth, tokens=settings.tokens)
+    app.add_middleware(BearerAuth, tokens=settings.token_scopes(), routes=app.router.routes)
     app.add_middleware(CrossSiteWrites)
+    if not settings.tokens and not settings.allow_unauthenticated:
+        app.add_middleware(LocalOnly)
+    app.add_middleware(AllowedHosts, check=settings.host_check())
     app.add_middleware(FinishReading)
     return app
+
+
+REFUSED = {
+    "400": "Malformed JSON, or the Host header not a name the API answers to "
+    "(host_not_allowed: PGQUEUE_API_ALLOWED_HOSTS)",
+    "403": "The token's scopes do not allow this (insufficient_scope); a write sent by a page "
+    "of another site (cross_site_request); or, without tokens, a request from another machine "
+    "(unauthenticated_remote)",
+}
+
+
+def _with_scopes(app: FastAPI, build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """The app's OpenAPI document, with each operation's scope (``x-pgqueue-scope``, and a
+    line of its description) from the one table in pgqueue.api.scopes, and the refusals
+    every operation can answer (400 for the Host, 403)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        paths = document.get("paths", {})
+        for context in iter_route_contexts(list(app.routes)):
+            path = getattr(context, "path_format", None)
+            for method in getattr(context, "methods", None) or ():
+                operation = paths.get(path, {}).get(method.lower())
+                if operation is None:
+                    continue
+                name = getattr(context, "name", None)
+                operation["x-pgqueue-scope"] = list(scopes.needed(name))
+                scope_line = f"Scope: {scopes.describe(name)}."
+                text = operation.get("description")
+                operation["description"] = f"{text}\n\n{scope_line}" if text else scope_line
+                if scopes.OPEN in scopes.needed(name):
+                    continue  # the probes: answered whatever the host, the peer, the token
+                responses = operation.setdefault("responses", {})
+                for code, description in REFUSED.items():
+                    responses.setdefault(code, {"description": description})
+                    responses[code]["description"] = description
+                    responses[code].setdefault(
+                        "content",
+                        {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+                    )
+        app.openapi_schema = document
+        return document
+
+    return openapi
 
 
 def app_from_env() -> FastAPI:

@@ -1,26 +1,34 @@
-"""The API's ASGI middlewares: finishing the read of refused uploads, authentication,
-cross-site writes, the body limit, the JSON content type and request metrics.
+"""The API's ASGI middlewares: finishing the read of refused uploads, the Host allow-list,
+the local-only rule of a tokenless API, cross-site writes, authentication and scopes, the
+body limit, the JSON content type and request metrics.
 
 Plain ASGI classes rather than Starlette's BaseHTTPMiddleware, which costs more per request
-than the whole submit's SQL; and middlewares rather than dependencies, because the token, the
-body size and the content type are checked before FastAPI reads or parses the body.
-``create_app`` adds them so that FinishReading runs first, then CrossSiteWrites, BearerAuth,
-BodyLimit, JsonBodies and Measure.
+than the whole submit's SQL; and middlewares rather than dependencies, because the host, the
+token, the body size and the content type are checked before FastAPI reads or parses the
+body. ``create_app`` adds them so that FinishReading runs first, then AllowedHosts,
+LocalOnly, CrossSiteWrites, BearerAuth, BodyLimit, JsonBodies and Measure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
+import ipaddress
+import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
+from starlette.routing import compile_path
 
+from pgqueue.api import scopes
 from pgqueue.api.errors import error
 from pgqueue.api.metrics import ApiMetrics
+from pgqueue.api.settings import ENV_ALLOW_UNAUTHENTICATED, ENV_ALLOWED_HOSTS, host_name
 
 ASGIApp = Callable[..., Awaitable[None]]
 
@@ -35,6 +43,21 @@ def _header(scope: MutableMapping[str, Any], name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def _route_path(scope: MutableMapping[str, Any]) -> str:
+    """The path within the app, without the prefix it is mounted under."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path
+
+
+# Liveness and readiness probes: answered whatever the Host and wherever the request comes
+# from. A kubelet probes the pod's IP (Host: 10.1.2.3:8000), which no allow-list names, and
+# the answer holds no data: alive, whether the database answers, the schema revision.
+PROBES = ("/healthz", "/readyz")
 
 
 def _has_body(scope: MutableMapping[str, Any]) -> bool:
@@ -169,40 +192,188 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-class BearerAuth:
-    """With tokens configured, every request but /healthz, /readyz and the dashboard's static
-    files needs ``Authorization: Bearer TOKEN``; checked before the body is read or parsed.
-    (The dashboard's files hold no data: its script asks the API for everything, with a
-    token.)"""
+class AllowedHosts:
+    """Answer only requests sent to a host name the API is known by: others get 400
+    ``host_not_allowed``, before anything else is looked at (but the probes, PROBES).
 
-    OPEN = ("/healthz", "/readyz", "/dashboard")
-    OPEN_PREFIXES = ("/dashboard/",)
+    Why: a page of another site can make a browser send requests to this API by DNS
+    rebinding (its name, first its own server's address, is made to resolve to 127.0.0.1):
+    the browser then takes the API for that site, sends ``Host: rebind.example``, and lets
+    the page read the answers. Without a token to present, only the Host header tells such a
+    request apart. ``check`` is ApiSettings.host_check's: None lets any host through."""
 
-    def __init__(self, app: ASGIApp, tokens: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, check: Callable[[str], bool] | None) -> None:
         self.app = app
-        self.tokens = [t.encode() for t in tokens]
+        self.check = check
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.check is None or _route_path(scope) in PROBES:
+            await self.app(scope, receive, send)
+            return
+        raw = _header(scope, b"host")
+        host = host_name(raw.decode("latin-1")) if raw is not None else None
+        if host is not None and self.check(host):
+            await self.app(scope, receive, send)
+            return
+        shown = "no Host header" if raw is None else f"the Host {raw.decode('latin-1')[:100]!r}"
+        problem = (
+            f"{shown} is not a name this API answers to: list the names it is reached by in "
+            f"{ENV_ALLOWED_HOSTS} (comma-separated; by default, without tokens, only "
+            "localhost, 127.0.0.1 and ::1)"
+        )
+        await _send_error(send, error(400, "host_not_allowed", problem))
+
+
+class LocalOnly:
+    """Without tokens, answer only requests from this machine: a loopback peer, or none (a
+    Unix socket, an in-process caller), and not forwarded by a proxy (``Forwarded``,
+    ``X-Forwarded-For``, ``X-Real-IP``: a proxy on this machine may be passing on anyone's
+    request). Others get 403 ``unauthenticated_remote`` (the probes, PROBES, excepted).
+
+    Why here and not only in ``pgqueue serve``: an app mounted in another server, or run by
+    uvicorn directly on 0.0.0.0, would otherwise serve every route to the network without
+    authentication. Added only when the settings have no token and do not allow
+    unauthenticated use."""
+
+    FORWARDING = (b"forwarded", b"x-forwarded-for", b"x-real-ip")
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or _is_local(scope) or _route_path(scope) in PROBES:
+            await self.app(scope, receive, send)
+            return
+        problem = (
+            "this API has no tokens, and so answers only requests from its own machine: set "
+            "PGQUEUE_API_TOKENS (or PGQUEUE_API_TOKENS_FILE), or, where something in front of "
+            f"the API authenticates, {ENV_ALLOW_UNAUTHENTICATED}=1 "
+            "(pgqueue serve --allow-unauthenticated)"
+        )
+        await _send_error(send, error(403, "unauthenticated_remote", problem))
+
+
+def _is_local(scope: MutableMapping[str, Any]) -> bool:
+    if any(_header(scope, name) is not None for name in LocalOnly.FORWARDING):
+        return False
+    client = scope.get("client")
+    if client is None:  # no network peer: a Unix socket, or a caller in this process
+        return True
+    try:
+        address = ipaddress.ip_address(str(client[0]))
+    except ValueError:
+        return False  # not an address: nothing says where it came from
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    name: str | None
+    template: str
+    pattern: re.Pattern[str]
+    methods: frozenset[str] | None
+
+
+class RouteNames:
+    """The name of the route a request will reach, found as the router will find it (the
+    first route whose path and method match), before the router runs."""
+
+    def __init__(self, routes: Sequence[Any]) -> None:
+        # The app's own list, read on the first request: routes added after create_app
+        # (before serving) are found too.
+        self.routes = routes
+        self._table: list[_Route] | None = None
+
+    def table(self) -> list[_Route]:
+        if self._table is None:
+            table = []
+            for context in iter_route_contexts(list(self.routes)):
+                path = getattr(context, "path", None)
+                if not isinstance(path, str):
+                    continue
+                methods = getattr(context, "methods", None)
+                table.append(
+                    _Route(
+                        name=getattr(context, "name", None),
+                        template=path,
+                        pattern=compile_path(path)[0],
+                        methods=frozenset(methods) if methods else None,
+                    )
+                )
+            self._table = table
+        return self._table
+
+    def find(self, scope: MutableMapping[str, Any]) -> tuple[_Route | None, bool]:
+        """The route the request reaches, and whether its method matches too (False: the
+        router answers 405); (None, False) when no path matches (404)."""
+        path = _route_path(scope)
+        method = scope.get("method", "")
+        partial = None
+        for route in self.table():
+            if route.pattern.match(path):
+                if route.methods is None or method in route.methods:
+                    return route, True
+                partial = partial or route
+        return partial, False
+
+
+class BearerAuth:
+    """With tokens configured, every request but the open routes (scopes.OPEN: the probes and
+    the dashboard's static files, which hold no data) needs ``Authorization: Bearer TOKEN``,
+    and a token whose scopes allow the route it reaches (scopes.ROUTE_SCOPES); checked before
+    the body is read or parsed. A path no route has (404, 405) needs a valid token of any
+    scope, so that probing paths tells nothing without one."""
+
+    def __init__(
+        self, app: ASGIApp, tokens: Mapping[str, frozenset[str]], routes: Sequence[Any]
+    ) -> None:
+        self.app = app
+        self.tokens = [(t.encode(), s) for t, s in tokens.items()]
+        self.routes = RouteNames(routes)
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not self.tokens:
             await self.app(scope, receive, send)
             return
-        path: str = scope.get("path", "")
-        root: str = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root) :]
-        if path in self.OPEN or path.startswith(self.OPEN_PREFIXES):
+        route, full = self.routes.find(scope)
+        name = route.name if route is not None else None
+        if route is not None and scopes.OPEN in scopes.needed(name):
             await self.app(scope, receive, send)
             return
-        header = dict(scope.get("headers", [])).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not token.strip():
+        header = _header(scope, b"authorization") or b""
+        scheme, _, given = header.partition(b" ")
+        given = given.strip()
+        granted: frozenset[str] | None = None
+        for token, token_scopes in self.tokens:  # every one compared: the time tells nothing
+            if hmac.compare_digest(given, token):
+                granted = token_scopes
+        if scheme.lower() != b"bearer" or not given:
             problem = "a bearer token is required (Authorization: Bearer TOKEN)"
-        elif not any(hmac.compare_digest(token.strip(), t) for t in self.tokens):
+        elif granted is None:
             problem = "the bearer token is not valid"
-        else:
+        elif route is None or not full or scopes.allows(granted, name):
             await self.app(scope, receive, send)
+            return
+        else:
+            await _send_error(send, _insufficient_scope(scope, route, granted))
             return
         await _send_error(send, error(401, "unauthorized", problem))
+
+
+def _insufficient_scope(
+    scope: MutableMapping[str, Any], route: _Route, granted: frozenset[str]
+) -> JSONResponse:
+    needed = scopes.needed(route.name)
+    problem = (
+        f"{scope.get('method', '')} {route.template} needs a token with the scope "
+        f"{scopes.describe(route.name)}; this token has {'+'.join(sorted(granted))}"
+    )
+    response = error(403, "insufficient_scope", problem)
+    # RFC 6750, section 3: the narrowest scope that would do.
+    response.headers["WWW-Authenticate"] = f'Bearer error="insufficient_scope", scope="{needed[0]}"'
+    return response
 
 
 class CrossSiteWrites:
@@ -213,7 +384,9 @@ class CrossSiteWrites:
     cannot set the header), so this is the rule for tokenless servers and a second lock for
     the others. The browser says where a request comes from: ``Sec-Fetch-Site`` (every
     current browser), else ``Origin`` compared with ``Host`` (the rule of Go's
-    CrossOriginProtection). Clients that are not browsers send neither and pass."""
+    CrossOriginProtection): AllowedHosts, before this, has made sure that Host is a name
+    the API is known by, so a page whose own name was rebound to the API cannot pass as its
+    origin. Clients that are not browsers send neither and pass."""
 
     UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -357,8 +530,9 @@ def _too_large(limit: int) -> JSONResponse:
     return error(
         413,
         "body_too_large",
-        f"the request body exceeds {limit} bytes (PGQUEUE_API_MAX_BODY_BYTES; by default the "
-        "payload limit, PGQUEUE_MAX_PAYLOAD_BYTES, plus 64 KiB for the rest of the request)",
+        f"the request body exceeds {limit} bytes (PGQUEUE_API_MAX_BODY_BYTES; by default three "
+        "times the payload limit, PGQUEUE_MAX_PAYLOAD_BYTES, for a client's escaping, plus "
+        "64 KiB for the rest of the request)",
     )
 
 

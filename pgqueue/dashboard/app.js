@@ -158,11 +158,15 @@
   // --- talking to the API ----------------------------------------------------------------------
 
   class HttpError extends Error {
-    constructor(status, message) {
+    constructor(status, message, code = null, scope = null) {
       super(message);
       this.status = status;
+      this.code = code; // the API's error name: "insufficient_scope", "not_found", ...
+      this.scope = scope; // for insufficient_scope: the scope the request needs
     }
   }
+
+  const isScopeRefusal = (err) => err instanceof HttpError && err.status === 403 && err.code === "insufficient_scope";
 
   async function api(path, options = {}) {
     const headers = { Accept: "application/json" };
@@ -191,7 +195,10 @@
     }
     if (!response.ok) {
       const detail = body && typeof body.message === "string" ? body.message : response.statusText;
-      throw new HttpError(response.status, `HTTP ${response.status}: ${detail}`);
+      const code = body && typeof body.error === "string" ? body.error : null;
+      // WWW-Authenticate: Bearer error="insufficient_scope", scope="admin" (RFC 6750)
+      const challenge = (response.headers.get("WWW-Authenticate") || "").match(/scope="([a-z]+)"/);
+      throw new HttpError(response.status, `HTTP ${response.status}: ${detail}`, code, challenge ? challenge[1] : null);
     }
     return body;
   }
@@ -282,6 +289,11 @@
     } catch (err) {
       if (err instanceof HttpError && err.status === 401) {
         askForToken(state.token ? "That token was refused." : "");
+        return;
+      }
+      if (isScopeRefusal(err)) {
+        // A metrics-only or submit-only token: it cannot read what the dashboard shows.
+        askForToken(`That token cannot read the dashboard: it needs the read scope (or admin). ${err.message}`);
         return;
       }
       showBanner(`Refresh failed at ${clock(new Date())}: ${err.message}. Retrying every ${REFRESH_MS / 1000} s.`);
@@ -755,6 +767,10 @@
     } catch (err) {
       if (err instanceof HttpError && err.status === 401) {
         askForToken("That token was refused.");
+        return null;
+      }
+      if (isScopeRefusal(err)) {
+        notify(`Could not ${what}: this token may read, not act: needs ${err.scope || "admin"}.`, true);
         return null;
       }
       notify(`Could not ${what}: ${err.message}`, true);

@@ -67,7 +67,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in p
 expect = sync_api.expect
 expect.set_options(timeout=20_000)
 
-TOKEN = "dash-browser-7f3a9c2e"
+TOKEN = "dash-browser-7f3a9c2e-1b4d6f8a0c2e4f60"
 VIEWPORT = {"width": 1280, "height": 900}
 SCREENSHOTS = os.environ.get("PGQUEUE_SCREENSHOTS")
 HOSTILE_PAYLOAD = '<img src=x onerror="window.__pwned=1">'

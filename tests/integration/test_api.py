@@ -42,8 +42,10 @@ from pgqueue import migrate
 from pgqueue.api import ApiSettings, create_app
 
 UNREACHABLE_URL = "postgresql://postgres:s3cret-pw@127.0.0.1:1/x"
-TOKEN = "tok-Alpha-9f3c2e71b8"
-OTHER_TOKEN = "tok-Beta-0d44aa15c3"
+TOKEN = "tok-Alpha-9f3c2e71b8-5d0c4a7e1f2b3c4d5e6f"
+# Tokens are 32 characters at least: the test tokens below end with this.
+PAD = "-0123456789abcdef0123456789abcdef"
+OTHER_TOKEN = "tok-Beta-0d44aa15c3-8a1b2c3d4e5f60718293"
 
 HOSTILE = [
     "'; DROP TABLE pgqueue.tasks; --",
@@ -1233,32 +1235,60 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def test_tokens_from_the_environment_comma_list(clean_env, start_server, shared_database_url):
-    clean_env.setenv("PGQUEUE_API_TOKENS", " env-one , env-two,, ")
+    clean_env.setenv(
+        "PGQUEUE_API_TOKENS",
+        f" env-one{PAD} , env-two{PAD},, ",
+    )
 
     settings = ApiSettings.from_env()
-    assert settings.tokens == {"env-one", "env-two"}
+    assert set(settings.tokens) == {
+        f"env-one{PAD}",
+        f"env-two{PAD}",
+    }
     live = start_server(dataclasses.replace(settings, database_url=shared_database_url))
 
-    for token in ("env-one", "env-two"):
+    for token in (
+        f"env-one{PAD}",
+        f"env-two{PAD}",
+    ):
         assert live.client.get("/api/v1/tasks", headers=bearer(token)).status_code == 200
-    for token in ("env-one , env-two", "env-one,env-two", "env"):
+    for token in (
+        f"env-one{PAD} , env-two{PAD}",
+        f"env-one{PAD},env-two{PAD}",
+        "env",
+    ):
         assert live.client.get("/api/v1/tasks", headers=bearer(token)).status_code == 401
     assert live.client.get("/api/v1/tasks").status_code == 401
 
 
 def test_tokens_from_a_file_with_comments(clean_env, start_server, shared_database_url, tmp_path):
     path = tmp_path / "tokens"
-    path.write_text("# API tokens\nfile-one\n\n  file-two  \n#file-retired\n", encoding="utf-8")
+    path.write_text(
+        f"# API tokens\nfile-one{PAD}\n\n  file-two{PAD}  \n#file-retired{PAD}\n",
+        encoding="utf-8",
+    )
     clean_env.setenv("PGQUEUE_API_TOKENS_FILE", str(path))
-    clean_env.setenv("PGQUEUE_API_TOKENS", "env-one")
+    clean_env.setenv("PGQUEUE_API_TOKENS", f"env-one{PAD}")
 
     settings = ApiSettings.from_env()
-    assert settings.tokens == {"file-one", "file-two", "env-one"}
+    assert set(settings.tokens) == {
+        f"file-one{PAD}",
+        f"file-two{PAD}",
+        f"env-one{PAD}",
+    }
     live = start_server(dataclasses.replace(settings, database_url=shared_database_url))
 
-    for token in ("file-one", "file-two", "env-one"):
+    for token in (
+        f"file-one{PAD}",
+        f"file-two{PAD}",
+        f"env-one{PAD}",
+    ):
         assert live.client.get("/api/v1/tasks", headers=bearer(token)).status_code == 200
-    for token in ("#file-retired", "file-retired", "# API tokens"):
+    for token in (
+        f"#file-retired{PAD}",
+        f"file-retired{PAD}",
+        "# API tokens",
+    ):
         response = live.client.get("/api/v1/tasks", headers=bearer(token))
         assert response.status_code == 401
         assert token not in response.text
@@ -1268,15 +1298,18 @@ def test_an_indented_comment_in_the_tokens_file_is_not_a_token(
     clean_env, start_server, shared_database_url, tmp_path
 ):
     path = tmp_path / "tokens"
-    path.write_text("file-one\n    # retired: old-token\n", encoding="utf-8")
+    path.write_text(
+        f"file-one{PAD}\n    # retired: old-token{PAD}\n",
+        encoding="utf-8",
+    )
     clean_env.setenv("PGQUEUE_API_TOKENS_FILE", str(path))
 
     settings = ApiSettings.from_env()
     live = start_server(dataclasses.replace(settings, database_url=shared_database_url))
 
-    response = live.client.get("/api/v1/tasks", headers=bearer("# retired: old-token"))
+    response = live.client.get("/api/v1/tasks", headers=bearer(f"# retired: old-token{PAD}"))
     assert response.status_code == 401
-    assert settings.tokens == {"file-one"}
+    assert set(settings.tokens) == {f"file-one{PAD}"}
 
 
 def test_an_unreadable_tokens_file_is_a_configuration_error(clean_env, tmp_path):
@@ -1376,13 +1409,16 @@ def test_serve_allow_unauthenticated_starts_on_a_non_loopback_host(database_url,
 
 def test_serve_with_tokens_from_the_environment_requires_them(database_url, tmp_path, conn):
     port = free_port()
-    env = serve_env(PGQUEUE_API_TOKENS="serve-token")
+    env = serve_env(PGQUEUE_API_TOKENS=f"serve-token{PAD}")
 
     with running_serve(database_url, port, tmp_path, "--host", "0.0.0.0", env=env) as base:
         denied = httpx.post(f"{base}/api/v1/tasks", json={"type": "x"}, timeout=10)
         assert denied.status_code == 401
         allowed = httpx.post(
-            f"{base}/api/v1/tasks", json={"type": "x"}, headers=bearer("serve-token"), timeout=10
+            f"{base}/api/v1/tasks",
+            json={"type": "x"},
+            headers=bearer(f"serve-token{PAD}"),
+            timeout=10,
         )
         assert allowed.status_code == 202, allowed.text
     assert count_tasks(conn) == 1

@@ -51,10 +51,15 @@ from schemathesis.specs.openapi.checks import (
 
 import pgqueue
 from pgqueue.api import ApiSettings, create_app
+from pgqueue.api.scopes import SCOPES
 
-TOKEN = "t"
+# One token per scope; the document is loaded, and the full checks run, with the admin one.
+TOKENS = {scope: f"fuzz-{scope}-" + "0123456789abcdef" * 2 for scope in SCOPES}
+TOKEN = TOKENS["admin"]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EXAMPLES = 25
+# Per narrower scope (metrics, read, submit): examples per operation, positive ones only.
+SCOPED_EXAMPLES = 8
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -163,7 +168,8 @@ def restore(seeded: Seed) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def live_url(seeded: Seed) -> Iterator[str]:
     """uvicorn serving create_app in a thread, on a socket bound to a free port."""
-    app = create_app(ApiSettings(database_url=seeded.url, tokens=frozenset({TOKEN})))
+    tokens = {token: [scope] for scope, token in TOKENS.items()}
+    app = create_app(ApiSettings(database_url=seeded.url, tokens=tokens))
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the
     # listening socket says so, and without it every keep-alive request waits ~40 ms (Nagle
     # against delayed ACKs).
@@ -308,3 +314,63 @@ def test_api_conforms_to_its_openapi_document(
         if label.endswith("[positive]") and not any(200 <= code < 300 for code in codes)
     ]
     assert not unexercised, f"no 2xx response at all: {unexercised}"
+
+
+def _fuzz_scoped(
+    operation: Any, scope: str, restore: Any, session: requests.Session
+) -> tuple[Outcome, bool]:
+    """SCOPED_EXAMPLES positive cases with ``scope``'s token; whether the scope may call it."""
+    needed = operation.definition.raw["x-pgqueue-scope"]
+    allowed = scope == "admin" or scope in needed or "open" in needed
+    outcome = Outcome(statuses={}, failures={})
+    bearer = {"Authorization": f"Bearer {TOKENS[scope]}"}
+
+    @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(
+        max_examples=SCOPED_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    def run(case: schemathesis.Case) -> None:
+        restore()
+        response = case.call(session=session, headers=bearer, timeout=REQUEST_TIMEOUT)
+        code = response.status_code
+        outcome.statuses[code] = outcome.statuses.get(code, 0) + 1
+        try:
+            refused = code == 403 and response.json().get("error") == "insufficient_scope"
+            if allowed:
+                assert not refused, f"{scope} refused\n{response.text}"
+                case.validate_response(response, checks=CHECKS, headers=bearer)
+            else:
+                assert refused, f"{scope} not refused (HTTP {code})\n{response.text[:300]}"
+        except (AssertionError, BaseExceptionGroup) as exc:
+            outcome.failures[_headline(exc)] = str(exc)
+            raise
+
+    try:
+        run()
+    except (AssertionError, BaseExceptionGroup):
+        assert outcome.failures, "a failure that was not recorded"
+    return outcome, allowed
+
+
+def test_each_scope_is_refused_exactly_where_its_operations_scope_leaves_it_out(
+    api_schema: schemathesis.BaseSchema, restore: Any
+) -> None:
+    session = requests.Session()
+    failures: list[str] = []
+    allowed_somewhere: dict[str, int] = {}
+    for result in api_schema.get_all_operations():
+        operation = result.ok()
+        for scope in ("metrics", "read", "submit"):
+            outcome, allowed = _fuzz_scoped(operation, scope, restore, session)
+            allowed_somewhere[scope] = allowed_somewhere.get(scope, 0) + allowed
+            label = f"{operation.label} [{scope}]"
+            failures += [f"{label}: {failure}" for failure in outcome.failures.values()]
+            assert not any(code >= 500 for code in outcome.statuses), (label, outcome.statuses)
+    assert not failures, f"{len(failures)} distinct failure(s):\n\n" + "\n\n".join(failures)
+    # Not vacuous: read and submit may call some operations of the document (metrics is
+    # outside it).
+    assert allowed_somewhere["read"] > 5 and allowed_somewhere["submit"] >= 3, allowed_somewhere

@@ -809,7 +809,7 @@ def test_an_unsupported_embedded_postgres_version_names_the_setting_and_the_vers
     ("tokens", "args", "auth"),
     [
         (None, [], "authentication: off (no PGQUEUE_API_TOKENS; listening on loopback only)"),
-        ("t1,t2", ["--host", "::1"], "authentication: on (2 tokens"),
+        ("t1" * 16 + ",t2" + "x" * 30, ["--host", "::1"], "authentication: on (2 tokens"),
         (None, ["--host", "0.0.0.0", "--allow-unauthenticated"], "authentication: OFF"),
     ],
     ids=["loopback", "tokens", "unauthenticated"],

@@ -18,7 +18,7 @@ from helpers import make_dead_letters
 import pgqueue
 from pgqueue.api import ApiSettings
 
-TOKEN = "actions-token-3c1e"
+TOKEN = "actions-token-3c1e-9a0b2c4d6e8f1a3b"
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_a_bad_filter_on_the_count_is_a_clear_400_not_a_traceback(api):
     "headers",
     [
         {"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
-        {"Sec-Fetch-Site": "same-site", "Origin": "http://other.testserver"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://other.example"},
         {"Origin": "https://evil.example"},  # an older browser: no Sec-Fetch-Site
         {"Origin": "null"},  # a sandboxed frame or a file:// page
     ],
@@ -97,8 +97,8 @@ def test_a_write_sent_from_another_site_is_refused_and_changes_nothing(api, conn
 @pytest.mark.parametrize(
     "headers",
     [
-        {"Sec-Fetch-Site": "same-origin", "Origin": "http://testserver"},
-        {"Origin": "http://testserver"},
+        {"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1"},
+        {"Origin": "http://127.0.0.1"},
         {},  # curl, scripts, the CLI's HTTP clients: no browser headers at all
     ],
     ids=["same-origin", "origin-matches-host", "not-a-browser"],

@@ -291,7 +291,11 @@ def test_api_probes_name_endpoints_the_api_serves(database_url):
 def test_api_probe_paths_answer_without_the_token_the_rest_requires(database_url):
     (api,) = one("Deployment", "pgqueue-api")["spec"]["template"]["spec"]["containers"]
     paths = [api["readinessProbe"]["httpGet"]["path"], api["livenessProbe"]["httpGet"]["path"]]
-    server = Api(ApiSettings(database_url=database_url, tokens=frozenset({"deploy-test-token"})))
+    server = Api(
+        ApiSettings(
+            database_url=database_url, tokens=frozenset({"deploy-test-token-5c7e9a1b3d5f7a9c"})
+        )
+    )
     try:
         # The kubelet sends no Authorization header.
         assert [server.request("GET", p).status_code for p in paths] == [200, 200]

@@ -41,7 +41,7 @@ from pgqueue.registry import TaskRegistry
 from pgqueue.worker.maintenance import Maintenance
 
 PASSWORD = "app-pw-7c1e"  # the shared test server trusts 127.0.0.1, so it is not checked there
-TOKEN = "lp-token-5b2d"
+TOKEN = "lp-token-5b2d-3e9f1a7c5b0d2e4f6a8c"
 runner = CliRunner()
 
 

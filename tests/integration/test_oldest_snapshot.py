@@ -104,7 +104,11 @@ def test_the_api_stats_metrics_and_threshold_show_the_holder(
     from pgqueue.api import ApiSettings, create_app
 
     monkeypatch.setenv("PGQUEUE_SNAPSHOT_WARN_SECONDS", "1")
-    with TestClient(create_app(ApiSettings(database_url=database_url))) as client:
+    with TestClient(
+        create_app(ApiSettings(database_url=database_url)),
+        base_url="http://localhost",
+        client=("127.0.0.1", 50000),
+    ) as client:
         quiet = client.get("/api/v1/stats").json()
         assert quiet["oldest_snapshot"] is None and quiet["oldest_snapshot_warning"] is False
 

@@ -31,8 +31,8 @@ from processes import BOOM_HANDLER, NOOP_HANDLERS, Worker, clean_env, run_cli, w
 import pgqueue
 from bench.private_postgres import free_port
 
-TOKEN = f"tok-Right-{uuid.uuid4().hex[:12]}"
-WRONG_TOKEN = f"tok-Wrong-{uuid.uuid4().hex[:12]}"
+TOKEN = f"tok-Right-{uuid.uuid4().hex}"
+WRONG_TOKEN = f"tok-Wrong-{uuid.uuid4().hex}"
 MADE_UP_PASSWORD = f"pw-S3cret-{uuid.uuid4().hex[:12]}"
 TASK_ID = "01a22f0d-98c9-7000-8728-d80607a4f6ca"
 

@@ -106,7 +106,11 @@ def test_the_api_stats_and_the_queue_depth_gauge_count_waiting_tasks(
     from pgqueue.api import ApiSettings, create_app
 
     waiting_in_their_own_queue(conn)
-    with TestClient(create_app(ApiSettings(database_url=database_url))) as client:
+    with TestClient(
+        create_app(ApiSettings(database_url=database_url)),
+        base_url="http://localhost",
+        client=("127.0.0.1", 50000),
+    ) as client:
         stats = client.get("/api/v1/stats")
         metrics = client.get("/metrics")
         queues = client.get("/api/v1/queues")
