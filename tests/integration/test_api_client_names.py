@@ -23,7 +23,7 @@ import pgqueue
 from pgqueue.api import ApiSettings, create_app
 from pgqueue.api.metrics import MAX_SUBMITTED_QUEUES, OTHER_QUEUES
 
-TOKEN = "tok-names-8c2a"
+TOKEN = "tok-names-8c2a-0123456789abcdef0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 # Names a client may submit to that a path cannot hold as they are.
