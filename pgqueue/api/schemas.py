@@ -26,6 +26,7 @@ from pgqueue.enqueue import (
 from pgqueue.models import MAX_ATTEMPTS, Parent, Task, WorkflowInfo
 from pgqueue.operations import DAY as _DAY
 from pgqueue.operations import MAX_RATE, MAX_RUNNING
+from pgqueue.queries.tasks import TaskSummary
 
 MAX_PAGE = 500
 MAX_RETENTION = 10 * 365 * _DAY  # as the library's check_seconds
@@ -171,7 +172,7 @@ class SubmitOut(BaseModel):
     )
 
     @staticmethod
-    def fields_of(task: Task) -> dict[str, Any]:
+    def fields_of(task: Task | TaskSummary) -> dict[str, Any]:
         """The short fields of ``task``, as both answers carry them."""
         return {
             "task_id": task.id,
@@ -290,6 +291,81 @@ class TaskOut(SubmitOut):
 
 class TaskPage(BaseModel):
     items: list[TaskOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class TaskSummaryOut(SubmitOut):
+    """A task in a list asked for with ``fields=summary``: every field of TaskOut but the
+    payload and the result, which the server does not read, and the sizes they take as
+    stored. ``GET /api/v1/tasks/{task_id}`` for the whole task."""
+
+    last_error: str | None = Field(
+        description="The last error as stored: summary, then traceback (at most 8,000 "
+        "characters, as every write keeps it)."
+    )
+    last_error_summary: str | None = Field(
+        None,
+        description="The last error's first part: the exception's type and message "
+        '("ValueError: doomed always fails"), or the whole of an error without a traceback.',
+    )
+    last_error_traceback: str | None = Field(
+        None, description="The last error's traceback, when it has one (shown on demand)."
+    )
+    snoozes: int = Field(
+        0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
+    )
+    workflow_id: uuid.UUID | None = Field(
+        None, description="The workflow the task belongs to; null for a plain task."
+    )
+    cancelled_by: uuid.UUID | None = Field(
+        None,
+        description="The parent whose failure or cancellation cancelled this task (its "
+        "last_error names it); null otherwise.",
+    )
+    parents: list[EdgeOut] = Field(
+        default_factory=list,
+        description="Empty in a list, as in the full form's: GET the task for its parents.",
+    )
+    children: list[EdgeOut] = Field(
+        default_factory=list,
+        description="Empty in a list, as in the full form's: GET the task for its children.",
+    )
+    timeout_seconds: float | None = Field(
+        None,
+        description="While running: the handler timeout its type declares (as the workers "
+        "recorded it at their start; null: none). A task running longer than this since "
+        "started_at is overrunning.",
+    )
+    payload_stored_bytes: int = Field(
+        description="The bytes the payload takes as stored (PostgreSQL's pg_column_size: "
+        "jsonb, after compression), read without reading the payload. Not the size of its "
+        "JSON text, which the payload limit counts: a guide to which tasks are large."
+    )
+    result_stored_bytes: int | None = Field(
+        description="As payload_stored_bytes, for the result; null while there is none."
+    )
+
+    @classmethod
+    def of_summary(cls, task: TaskSummary, timeout_seconds: float | None = None) -> TaskSummaryOut:
+        error = task.error
+        return cls(
+            **cls.fields_of(task),
+            last_error=task.last_error,
+            last_error_summary=error.summary if error else None,
+            last_error_traceback=error.traceback if error else None,
+            snoozes=task.snoozes,
+            workflow_id=task.workflow_id,
+            cancelled_by=task.cancelled_by,
+            timeout_seconds=timeout_seconds,
+            payload_stored_bytes=task.payload_stored_bytes,
+            result_stored_bytes=task.result_stored_bytes,
+        )
+
+
+class TaskSummaryPage(BaseModel):
+    """A page of tasks asked for with ``fields=summary``: no payloads, no results."""
+
+    items: list[TaskSummaryOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
 
 
@@ -664,3 +740,13 @@ class LivenessOut(BaseModel):
 Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 Name = Annotated[str | None, Query(min_length=1, max_length=200)]
 Cursor = Annotated[str | None, Query(max_length=200)]
+ListFields = Annotated[
+    Literal["full", "summary"],
+    Query(
+        description="`full` (the default): whole tasks, payload and result included. "
+        "`summary`: every field but the payload and the result, which the server then does "
+        "not read, with `payload_stored_bytes` and `result_stored_bytes` (TaskSummaryOut): "
+        "what a list that shows neither should ask for, since each may be large (up to "
+        "PGQUEUE_MAX_PAYLOAD_BYTES and PGQUEUE_MAX_RESULT_BYTES of JSON, 1 MiB by default)."
+    ),
+]

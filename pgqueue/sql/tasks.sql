@@ -27,6 +27,27 @@ SELECT * FROM pgqueue.tasks
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s;
 
+-- name: task_list_summary
+-- task_list's page without the payload and the result: the same filters, cursor and order (so
+-- the same index walk), naming the other columns a Task reads. pg_column_size reads a value's stored size
+-- from its header or TOAST pointer, so neither value is fetched from TOAST, decompressed or
+-- printed: a page costs its rows, not what was submitted. last_error is cut to the 8,000
+-- characters every write keeps (error_text.MAX_ERROR_LENGTH), whoever wrote the row.
+SELECT id, queue, type, priority, status, attempts, max_attempts, visible_after,
+       idempotency_key, left(last_error, 8000) AS last_error, cancel_requested, lease_owner,
+       lease_expires_at, created_at, started_at, finished_at, submitted_priority, ready_since,
+       snoozes, expires_at, workflow_id, parents_pending, cancelled_by, concurrency_key,
+       pg_column_size(payload) AS payload_stored_bytes,
+       pg_column_size(result) AS result_stored_bytes
+  FROM pgqueue.tasks
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(type)s::text IS NULL OR type = %(type)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(before_created)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_created)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
 -- name: task_cancel
 -- Cancel by id: a queued task is cancelled at once; a running one is flagged, and its
 -- handler sees the flag through its context (cooperative cancellation).

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from pgqueue import aio
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.pagination import task_page
+from pgqueue.api.pagination import PAGE_DESCRIPTION, task_page
 from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     BulkOut,
@@ -16,9 +16,11 @@ from pgqueue.api.schemas import (
     DeadLetterCount,
     DeadLetterFilter,
     Limit,
+    ListFields,
     Name,
     TaskOut,
     TaskPage,
+    TaskSummaryPage,
 )
 from pgqueue.errors import InvalidTaskState, ValidationError
 from pgqueue.models import TaskStatus
@@ -26,16 +28,22 @@ from pgqueue.models import TaskStatus
 router = APIRouter(prefix=V1, route_class=Route)
 
 
-@router.get("/dead-letters", response_model=TaskPage, responses=responses(*COMMON))
+@router.get(
+    "/dead-letters",
+    response_model=TaskPage | TaskSummaryPage,
+    responses={200: PAGE_DESCRIPTION, **responses(*COMMON)},
+)
 async def list_dead_letters(
     state: AppState,
     type: Name = None,
     queue: Name = None,
     limit: Limit = 50,
     cursor: Cursor = None,
-) -> TaskPage:
-    """The dead-letter queue (status ``failed``), newest first."""
-    return await task_page(state, TaskStatus.FAILED, type, queue, limit, cursor)
+    fields: ListFields = "full",
+) -> TaskPage | TaskSummaryPage:
+    """The dead-letter queue (status ``failed``), newest first. Whole tasks (TaskPage), or
+    with ``fields=summary`` without their payloads and results (TaskSummaryPage)."""
+    return await task_page(state, TaskStatus.FAILED, type, queue, limit, cursor, fields)
 
 
 @router.get("/dead-letters/count", response_model=DeadLetterCount, responses=responses(*COMMON))

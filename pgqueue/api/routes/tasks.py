@@ -10,19 +10,21 @@ from fastapi.responses import JSONResponse
 from pgqueue import aio, tracing
 from pgqueue.api.dependencies import AppState
 from pgqueue.api.errors import COMMON, responses
-from pgqueue.api.pagination import declared_timeouts, task_page, timeout_of
+from pgqueue.api.pagination import PAGE_DESCRIPTION, declared_timeouts, task_page, timeout_of
 from pgqueue.api.routes import V1, Route
 from pgqueue.api.schemas import (
     CancelOut,
     Cursor,
     IdempotencyConflictOut,
     Limit,
+    ListFields,
     Name,
     SubmitOut,
     SubmitTask,
     TaskOut,
     TaskPage,
     TaskStatusName,
+    TaskSummaryPage,
 )
 from pgqueue.enqueue import MAX_IDEMPOTENCY_KEY_LENGTH, check_name
 from pgqueue.errors import IdempotencyConflict, ValidationError, WaitTimeout
@@ -216,7 +218,11 @@ async def cancel_task(task_id: str, response: Response, state: AppState) -> Canc
     return CancelOut(task_id=task.id, status="cancelled", cancel_requested=True)
 
 
-@router.get("/tasks", response_model=TaskPage, responses=responses(*COMMON))
+@router.get(
+    "/tasks",
+    response_model=TaskPage | TaskSummaryPage,
+    responses={200: PAGE_DESCRIPTION, **responses(*COMMON)},
+)
 async def list_tasks(
     state: AppState,
     status: TaskStatusName | None = None,
@@ -224,6 +230,8 @@ async def list_tasks(
     queue: Name = None,
     limit: Limit = 50,
     cursor: Cursor = None,
-) -> TaskPage:
-    """Tasks newest first, filtered; follow ``next_cursor`` for more."""
-    return await task_page(state, status, type, queue, limit, cursor)
+    fields: ListFields = "full",
+) -> TaskPage | TaskSummaryPage:
+    """Tasks newest first, filtered; follow ``next_cursor`` for more. Whole tasks (TaskPage),
+    or with ``fields=summary`` without their payloads and results (TaskSummaryPage)."""
+    return await task_page(state, status, type, queue, limit, cursor, fields)
