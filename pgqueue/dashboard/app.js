@@ -342,7 +342,7 @@
     const [stats, series, running, failures] = await Promise.all([
       api("stats"),
       loadSeries(),
-      api("tasks?status=running&limit=100"),
+      api("tasks?status=running&limit=100&fields=summary"),
       api("failures?limit=20"),
     ]);
     renderCards(stats, series);
@@ -862,6 +862,7 @@
     fillFilter($("tasks-filter"), params);
     const query = new URLSearchParams(filterQuery(params));
     query.set("limit", String(PAGE));
+    query.set("fields", "summary"); // no payloads or results: a task's own page shows them
     if (params.get("cursor")) query.set("cursor", params.get("cursor"));
     let page;
     try {
@@ -918,6 +919,7 @@
     const filter = new URLSearchParams(filterQuery(new URLSearchParams({ type, queue })));
     const query = new URLSearchParams(filter);
     query.set("limit", String(PAGE));
+    query.set("fields", "summary"); // no payloads or results: a task's own page shows them
     if (params.get("cursor")) query.set("cursor", params.get("cursor"));
     let stats, page, counted;
     try {

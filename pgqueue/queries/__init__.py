@@ -13,7 +13,8 @@ room               what it holds
 ``submitting``     task_insert, task_insert_many (COPY, keyed), task_copy_columns
 ``dependencies``   task_insert_dependent, task_parents, task_children, workflow_get,
                    workflow_cancel
-``tasks``          task_get, task_list, task_cancel; dead letters: task_replay, task_discard,
+``tasks``          task_get, task_list, task_list_summary, task_cancel; dead letters:
+                   task_replay, task_discard,
                    task_dead_count
 ``claiming``       task_claim, claim_round, limits_probe, lease_starts_mark / _prune,
                    task_sweep_expired, task_expire
