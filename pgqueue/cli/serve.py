@@ -93,7 +93,12 @@ def _base_url(host: str, port: int) -> str:
 
 
 def banner(
-    host: str, port: int, database_url: str, tokens: int, allow_unauthenticated: bool
+    host: str,
+    port: int,
+    database_url: str,
+    tokens: int,
+    allow_unauthenticated: bool,
+    allowed_hosts: frozenset[str] | None = None,
 ) -> tuple[dict[str, object], str]:
     """What ``serve`` says before uvicorn does: where the API and the dashboard are, which
     database they serve (password masked), and whether a request needs a token, so that
@@ -112,12 +117,20 @@ def banner(
         "docs_url": f"{base}/docs",
         "database": redact(database_url),
         "authentication": bool(tokens),
+        "allowed_hosts": sorted(allowed_hosts) if allowed_hosts is not None else None,
     }
+    if allowed_hosts is not None:
+        hosts = ", ".join(sorted(allowed_hosts))
+    elif tokens:
+        hosts = "any (a token is required; PGQUEUE_API_ALLOWED_HOSTS refuses other names)"
+    else:
+        hosts = "loopback names only (localhost, 127.0.0.1, ::1): PGQUEUE_API_ALLOWED_HOSTS"
     lines = [
         f"API:            {data['api_url']}  (OpenAPI: {data['docs_url']})",
         f"dashboard:      {data['dashboard_url']}",
         f"database:       {data['database']}",
         f"authentication: {auth}",
+        f"Host header:    {hosts}",
     ]
     if host in ("0.0.0.0", "::"):
         lines.append(f"listening on every {'IPv6' if host == '::' else 'IPv4'} interface")
@@ -136,6 +149,15 @@ def serve(
             help="Listen on a non-loopback address without API tokens (not recommended).",
         ),
     ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A name clients reach the API by (their Host header), repeatable; '*' for "
+            "any. Sets PGQUEUE_API_ALLOWED_HOSTS. Default: loopback names without tokens, any "
+            "name with them.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
     max_header_bytes: MaxHeaderBytesOption = 64 * 1024,
     header_timeout: HeaderTimeoutOption = 10.0,
@@ -155,19 +177,43 @@ def serve(
             f"the HTTP API needs its extra dependencies ({exc.name} is missing): "
             "pip install 'pgqueue-jobs[api]'"
         ) from None
+    from pgqueue.api.settings import ENV_ALLOW_UNAUTHENTICATED, ENV_ALLOWED_HOSTS
+
+    # Through the environment, as the URL below: every server process's app reads them.
+    if allowed_host:
+        os.environ[ENV_ALLOWED_HOSTS] = ",".join(allowed_host)
+    if allow_unauthenticated:
+        os.environ[ENV_ALLOW_UNAUTHENTICATED] = "1"
     settings = ApiSettings.from_env()
-    if not settings.tokens and not _is_loopback(host) and not allow_unauthenticated:
-        raise UsageProblem(
-            f"refusing to listen on {host} without authentication: set PGQUEUE_API_TOKENS "
-            "(or PGQUEUE_API_TOKENS_FILE), listen on 127.0.0.1, or pass --allow-unauthenticated"
-        )
+    if not settings.tokens and not _is_loopback(host):
+        if not allow_unauthenticated:
+            raise UsageProblem(
+                f"refusing to listen on {host} without authentication: set PGQUEUE_API_TOKENS "
+                "(or PGQUEUE_API_TOKENS_FILE), listen on 127.0.0.1, or pass "
+                "--allow-unauthenticated"
+            )
+        if settings.allowed_hosts is None:
+            # Without tokens the Host check is what stops DNS rebinding; its default would
+            # refuse every request from another machine, which is not what was asked for.
+            raise UsageProblem(
+                f"listening on {host} without tokens, only requests naming a loopback host "
+                "would be answered: name the hosts clients use with --allowed-host (or "
+                f"{ENV_ALLOWED_HOSTS}; '*' for any, which leaves DNS rebinding open)"
+            )
     concurrency = _concurrency(limit_concurrency, settings.max_waiters)
     # Resolve once here (starting the embedded server if needed) and hand the URL to every
     # server process through the environment, where the app factory reads it.
     url = state.url()
     os.environ["PGQUEUE_DATABASE_URL"] = url
     os.environ["PGQUEUE_POOLER"] = state.pooler  # --pooler, for the app's pool and waits
-    data, human = banner(host, port, url, len(settings.tokens), allow_unauthenticated)
+    data, human = banner(
+        host,
+        port,
+        url,
+        len(settings.tokens),
+        allow_unauthenticated,
+        frozenset(settings.allowed_hosts) if settings.allowed_hosts is not None else None,
+    )
     emit(data, human)
     open_files, wanted = limits.raise_open_files_limit(concurrency)
     if open_files < wanted:

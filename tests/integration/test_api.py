@@ -1395,16 +1395,48 @@ def test_serve_refuses_a_non_loopback_host_without_tokens(shared_database_url):
     assert "Started server" not in proc.stdout + proc.stderr
 
 
-def test_serve_allow_unauthenticated_starts_on_a_non_loopback_host(database_url, tmp_path):
+def test_serve_allow_unauthenticated_starts_on_a_non_loopback_host_for_the_hosts_named(
+    database_url, tmp_path
+):
+    port = free_port()
+    args = ("--host", "0.0.0.0", "--allow-unauthenticated", "--allowed-host", "queue.internal")
+
+    with running_serve(database_url, port, tmp_path, *args) as base:
+        named = {"Host": f"queue.internal:{port}"}
+        response = httpx.post(
+            f"{base}/api/v1/tasks", json={"type": "open"}, headers=named, timeout=10
+        )
+        assert response.status_code == 202, response.text
+        listed = httpx.get(f"{base}/api/v1/tasks", headers=named, timeout=10).json()["items"]
+        assert [t["task_id"] for t in listed] == [response.json()["task_id"]]
+        rebound = httpx.get(
+            f"{base}/api/v1/tasks", headers={"Host": f"rebind.example:{port}"}, timeout=10
+        )
+        assert rebound.status_code == 400, rebound.text
+        assert rebound.json()["error"] == "host_not_allowed"
+
+
+def test_serve_without_tokens_beyond_loopback_refuses_to_start_without_the_hosts_named(
+    shared_database_url,
+):
     port = free_port()
 
-    with running_serve(
-        database_url, port, tmp_path, "--host", "0.0.0.0", "--allow-unauthenticated"
-    ) as base:
-        response = httpx.post(f"{base}/api/v1/tasks", json={"type": "open"}, timeout=10)
-        assert response.status_code == 202, response.text
-        listed = httpx.get(f"{base}/api/v1/tasks", timeout=10).json()["items"]
-        assert [t["task_id"] for t in listed] == [response.json()["task_id"]]
+    proc = subprocess.run(
+        serve_command(
+            shared_database_url, "--host", "0.0.0.0", "--port", str(port), "--allow-unauthenticated"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=serve_env(),
+    )
+
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    line = lines[0]
+    assert "--allowed-host" in line and "PGQUEUE_API_ALLOWED_HOSTS" in line, line
+    assert "Uvicorn running" not in proc.stdout + proc.stderr
 
 
 def test_serve_with_tokens_from_the_environment_requires_them(database_url, tmp_path, conn):

@@ -810,12 +810,16 @@ def test_an_unsupported_embedded_postgres_version_names_the_setting_and_the_vers
     [
         (None, [], "authentication: off (no PGQUEUE_API_TOKENS; listening on loopback only)"),
         ("t1" * 16 + ",t2" + "x" * 30, ["--host", "::1"], "authentication: on (2 tokens"),
-        (None, ["--host", "0.0.0.0", "--allow-unauthenticated"], "authentication: OFF"),
+        (
+            None,
+            ["--host", "0.0.0.0", "--allow-unauthenticated", "--allowed-host", "q.internal"],
+            "authentication: OFF",
+        ),
     ],
     ids=["loopback", "tokens", "unauthenticated"],
 )
 def test_serve_says_its_urls_the_masked_database_and_authentication_before_uvicorn(
-    monkeypatch, tokens, args, auth
+    monkeypatch, request, tokens, args, auth
 ):
     started: list[str] = []
     monkeypatch.setattr("uvicorn.run", lambda *a, **k: started.append(sys.stdout.getvalue()))
@@ -838,6 +842,8 @@ def test_serve_says_its_urls_the_masked_database_and_authentication_before_uvico
     assert lines[1].split() == ["dashboard:", f"http://{host}:8123/dashboard/"]
     assert lines[2].split() == ["database:", "postgresql://app:***@db.example:5432/jobs"]
     assert lines[3].startswith(auth), lines[3]
+    hosts = {"loopback": "loopback names only", "tokens": "any", "unauthenticated": "q.internal"}
+    assert lines[4].startswith(f"Host header:    {hosts[request.node.callspec.id]}"), lines[4]
     assert "s3cret" not in result.stdout + as_json.stdout
     data = json.loads(as_json.stdout)
     assert data["dashboard_url"] == f"http://{host}:8123/dashboard/"
