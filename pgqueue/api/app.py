@@ -105,7 +105,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # BearerAuth, all before any body is read, then BodyLimit and JsonBodies.
     app.add_middleware(Measure, metrics=state.metrics, routes=app.router.routes)
     app.add_middleware(JsonBodies)
-    app.add_middleware(BodyLimit, limit=settings.body_limit())
+    app.add_middleware(BodyLimit, limit=settings.body_limit(), seconds=settings.body_timeout)
     app.add_middleware(BearerAuth, tokens=settings.token_scopes(), routes=app.router.routes)
     app.add_middleware(CrossSiteWrites)
     if not settings.tokens and not settings.allow_unauthenticated:

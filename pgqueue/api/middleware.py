@@ -36,6 +36,10 @@ ASGIApp = Callable[..., Awaitable[None]]
 # connection is closed (see FinishReading).
 DRAIN_BYTES = 64 * 1024 * 1024
 DRAIN_SECONDS = 10.0
+# Set in the scope by BodyLimit when a body did not arrive in time.
+SLOW_BODY = "pgqueue.slow_body"
+# The methods request metrics are labelled with; any other is counted as "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _header(scope: MutableMapping[str, Any], name: bytes) -> bytes | None:
@@ -137,6 +141,8 @@ class FinishReading:
     ) -> None:
         if not started() and (_header(scope, b"expect") or b"").lower() == b"100-continue":
             return
+        if scope.get(SLOW_BODY):
+            return  # refused for arriving too slowly: waiting for the rest is what it wants
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             return  # too much to read: the close ends it
@@ -150,12 +156,15 @@ class FinishReading:
 class BodyLimit:
     """Refuse bodies over ``limit`` bytes with 413 before the application parses them: by
     Content-Length when given, and otherwise by reading at most ``limit`` bytes of the stream
-    (chunked uploads) and stopping there. A body within the limit is handed on whole.
-    (FinishReading, around it, reads what is left of a refused body.)"""
+    (chunked uploads) and stopping there. A body within the limit is handed on whole, if it
+    arrives within ``seconds`` (else 408: a client that sends its head and then dribbles the
+    body must not hold a connection and a buffer for as long as it likes). (FinishReading,
+    around it, reads what is left of a refused body.)"""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, seconds: float = 60.0) -> None:
         self.app = app
         self.limit = limit
+        self.seconds = seconds
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -167,18 +176,28 @@ class BodyLimit:
                 return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                await _send_error(send, _too_large(self.limit))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # the client went away
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.limit:
+                        await _send_error(send, _too_large(self.limit))
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            scope[SLOW_BODY] = True  # FinishReading: do not wait for the rest of it
+            problem = (
+                f"the request body did not arrive within {self.seconds:g} s "
+                f"({size} bytes received; PGQUEUE_API_BODY_TIMEOUT)"
+            )
+            await _send_error(send, error(408, "body_timeout", problem))
+            return
         body = b"".join(chunks)
         delivered = False
 
@@ -488,7 +507,9 @@ class Measure:
         self._templates: dict[Any, str] = {}
 
     def template(self, scope: MutableMapping[str, Any]) -> str:
-        path = getattr(scope.get("route"), "path", None)
+        route = scope.get("route")
+        # path_format: the template without converters ("/api/v1/queues/{name}/pause").
+        path = getattr(route, "path_format", None) or getattr(route, "path", None)
         if isinstance(path, str):
             return path
         endpoint = scope.get("endpoint")
@@ -522,6 +543,8 @@ class Measure:
             # declared on its router in the scope, not as prefixed by include_router.
             route = self.template(scope)
             method = scope.get("method", "")
+            if method not in METHODS:  # a client's invented method is not a new series
+                method = "other"
             self.metrics.latency.labels(method, route).observe(time.perf_counter() - started)
             self.metrics.requests.labels(method, route, str(status)).inc()
 

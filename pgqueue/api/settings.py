@@ -37,6 +37,10 @@ ENV_MAX_WAITERS = "PGQUEUE_API_MAX_WAITERS"
 DEFAULT_MAX_WAITERS = 10_000
 ENV_WAIT_POLL = "PGQUEUE_API_WAIT_POLL_SECONDS"
 DEFAULT_WAIT_POLL = 5.0
+# How long a request's body may take to arrive once its head has: a client that sends its
+# head and then dribbles the body would otherwise hold its connection for as long as it likes.
+ENV_BODY_TIMEOUT = "PGQUEUE_API_BODY_TIMEOUT"
+DEFAULT_BODY_TIMEOUT = 60.0
 
 
 # Tokens as given: a mapping of token -> scopes, or a set of entries in the syntax of
@@ -62,6 +66,8 @@ class ApiSettings:
     allow_unauthenticated: bool = False
     # None: three times the payload limit (PGQUEUE_MAX_PAYLOAD_BYTES) plus ENVELOPE_BYTES.
     max_body_bytes: int | None = None
+    # Seconds for a request's whole body to arrive (else 408); PGQUEUE_API_BODY_TIMEOUT.
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
     pool_size: int = 10
     max_waiters: int = DEFAULT_MAX_WAITERS
     wait_poll_seconds: float = DEFAULT_WAIT_POLL
@@ -117,7 +123,8 @@ class ApiSettings:
         ``SCOPE[+SCOPE]:TOKEN``; the Host names from ``PGQUEUE_API_ALLOWED_HOSTS``
         (comma-separated); ``PGQUEUE_API_ALLOW_UNAUTHENTICATED`` (1 or 0); the body limit
         from ``PGQUEUE_API_MAX_BODY_BYTES`` (unset: three payload limits plus 64 KiB); the
-        waits' from ``PGQUEUE_API_MAX_WAITERS`` and ``PGQUEUE_API_WAIT_POLL_SECONDS``."""
+        waits' from ``PGQUEUE_API_MAX_WAITERS`` and ``PGQUEUE_API_WAIT_POLL_SECONDS``; the time a
+        body may take from ``PGQUEUE_API_BODY_TIMEOUT``."""
         pooler = pooling.resolve_pooler()  # a bad PGQUEUE_POOLER is refused here, not later
         entries = [t.strip() for t in os.environ.get(ENV_TOKENS, "").split(",") if t.strip()]
         tokens = scopes.parse_tokens(entries, ENV_TOKENS)
@@ -142,11 +149,19 @@ class ApiSettings:
             if max_body < 1024:
                 raise ConfigurationError(f"{ENV_MAX_BODY} must be at least 1024, not {max_body}")
         max_waiters, wait_poll = _wait_settings()
+        raw = os.environ.get(ENV_BODY_TIMEOUT, "").strip()
+        try:
+            body_timeout = float(raw) if raw else DEFAULT_BODY_TIMEOUT
+        except ValueError:
+            raise ConfigurationError(f"{ENV_BODY_TIMEOUT} must be seconds, not {raw!r}") from None
+        if not 0 < body_timeout < float("inf"):
+            raise ConfigurationError(f"{ENV_BODY_TIMEOUT} must be more than 0 seconds, not {raw!r}")
         return cls(
             tokens=tokens,
             allowed_hosts=_allowed_hosts_from_env(),
             allow_unauthenticated=_flag(ENV_ALLOW_UNAUTHENTICATED),
             max_body_bytes=max_body,
+            body_timeout=body_timeout,
             max_waiters=max_waiters,
             wait_poll_seconds=wait_poll,
             pooler=pooler,

@@ -1060,6 +1060,21 @@ def test_metrics_has_queue_depth_age_submissions_and_latency(client):
     assert not [s for s in samples if first["task_id"] in str(s[1])]
 
 
+def test_request_metrics_label_invented_methods_as_other_and_routes_by_their_template(client):
+    for method in ("PROPFIND", "MKCOL", "LOCK"):  # methods the HTTP parser knows
+        client.request(method, "/api/v1/tasks")
+    paused = client.post("/api/v1/queues/team%2Fmail/pause", params={"create": "true"})
+    assert paused.status_code == 200, paused.text
+
+    samples = metric_samples(client.get("/metrics").text)
+
+    latency = "pgqueue_api_request_duration_seconds_count"
+    methods = {dict(s[1]).get("method") for s in samples if s[0] == latency}
+    assert not methods & {"PROPFIND", "MKCOL", "LOCK"}, methods
+    assert sample(samples, latency, method="other", route="/api/v1/tasks") >= 3
+    assert sample(samples, latency, method="POST", route="/api/v1/queues/{name}/pause") >= 1
+
+
 # --- authentication ----------------------------------------------------------------------------
 
 # (method, route, which id goes in the path, JSON body, status with a valid token)

@@ -293,3 +293,22 @@ def test_every_limit_has_an_environment_variable(serve: Callable[..., Served]) -
     assert replies[2].startswith(b"HTTP/1.1 431 "), replies
     for sock in (idle, slow, big):
         sock.close()
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_closed(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve(PGQUEUE_API_BODY_TIMEOUT="1")
+    slow = served.connect()  # the head at once, then a body that stops short of its length
+    started = time.monotonic()
+    slow.sendall(
+        b"POST /api/v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"type": '
+    )
+
+    reply = wait_closed(slow, 20)
+
+    assert reply.startswith(b"HTTP/1.1 408 "), reply
+    assert b"body_timeout" in reply and b"PGQUEUE_API_BODY_TIMEOUT" in reply, reply
+    assert time.monotonic() - started >= 1
+    assert served.healthz() == 200
