@@ -12,7 +12,7 @@ A token is ``TOKEN`` (admin: everything, as tokens always were) or ``SCOPE[+SCOP
 
 The table is keyed by route **name** (FastAPI's default: the endpoint function's name), so a
 path can change without touching it. A route missing from it needs ``admin`` (fail closed);
-``tests/unit/test_api_scopes.py`` lists every route of ``create_app()`` and fails on one that
+``tests/unit/test_scope_table.py`` lists every route of ``create_app()`` and fails on one that
 is missing, so that a new route's scope is a decision, not an accident.
 """
 
