@@ -13,7 +13,7 @@ credential-looking query values.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,9 @@ from pgqueue.cli.output import emit
 from pgqueue.cli.state import state
 from pgqueue.config import redact
 from pgqueue.errors import PgQueueError
+
+if TYPE_CHECKING:
+    from pgqueue.api import ApiSettings
 
 commands = typer.Typer()
 
@@ -185,21 +188,7 @@ def serve(
     if allow_unauthenticated:
         os.environ[ENV_ALLOW_UNAUTHENTICATED] = "1"
     settings = ApiSettings.from_env()
-    if not settings.tokens and not _is_loopback(host):
-        if not allow_unauthenticated:
-            raise UsageProblem(
-                f"refusing to listen on {host} without authentication: set PGQUEUE_API_TOKENS "
-                "(or PGQUEUE_API_TOKENS_FILE), listen on 127.0.0.1, or pass "
-                "--allow-unauthenticated"
-            )
-        if settings.allowed_hosts is None:
-            # Without tokens the Host check is what stops DNS rebinding; its default would
-            # refuse every request from another machine, which is not what was asked for.
-            raise UsageProblem(
-                f"listening on {host} without tokens, only requests naming a loopback host "
-                "would be answered: name the hosts clients use with --allowed-host (or "
-                f"{ENV_ALLOWED_HOSTS}; '*' for any, which leaves DNS rebinding open)"
-            )
+    _check_exposure(host, settings, allow_unauthenticated)
     concurrency = _concurrency(limit_concurrency, settings.max_waiters)
     # Resolve once here (starting the embedded server if needed) and hand the URL to every
     # server process through the environment, where the app factory reads it.
@@ -241,6 +230,28 @@ def serve(
         http=limits.protocol(connection),
         limit_concurrency=concurrency,
     )
+
+
+def _check_exposure(host: str, settings: ApiSettings, allow_unauthenticated: bool) -> None:
+    """Refuse a start that would serve the network without tokens by mistake, or that would
+    answer no other machine at all (the Host check's default is loopback names)."""
+    from pgqueue.api.settings import ENV_ALLOWED_HOSTS
+
+    if not settings.tokens and not _is_loopback(host):
+        if not allow_unauthenticated:
+            raise UsageProblem(
+                f"refusing to listen on {host} without authentication: set PGQUEUE_API_TOKENS "
+                "(or PGQUEUE_API_TOKENS_FILE), listen on 127.0.0.1, or pass "
+                "--allow-unauthenticated"
+            )
+        if settings.allowed_hosts is None:
+            # Without tokens the Host check is what stops DNS rebinding; its default would
+            # refuse every request from another machine, which is not what was asked for.
+            raise UsageProblem(
+                f"listening on {host} without tokens, only requests naming a loopback host "
+                "would be answered: name the hosts clients use with --allowed-host (or "
+                f"{ENV_ALLOWED_HOSTS}; '*' for any, which leaves DNS rebinding open)"
+            )
 
 
 def _concurrency(limit: int | None, max_waiters: int) -> int:
