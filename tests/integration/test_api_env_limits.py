@@ -82,12 +82,13 @@ def escaped_body(payload: dict[str, Any]) -> bytes:
 
 
 def payload_of_size(size: int, char: str) -> dict[str, Any]:
-    """A payload whose compact UTF-8 JSON is exactly ``size`` bytes, mostly ``char``."""
-    frame = len(json.dumps({"s": ""}, separators=(",", ":")).encode())
+    """A payload whose text as PostgreSQL gives it back (``{"s": "..."}``, jsonb's spacing)
+    is exactly ``size`` bytes of UTF-8, mostly ``char``."""
+    frame = len(json.dumps({"s": ""}).encode())
     width = len(char.encode())
     count, rest = divmod(size - frame, width)
     payload = {"s": char * count + "a" * rest}
-    assert len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()) == size
+    assert len(json.dumps(payload, ensure_ascii=False).encode()) == size
     return payload
 
 
