@@ -435,7 +435,7 @@ class TaskFunction(Generic[P, R]):
 
     def apply_async(
         self,
-        args: Iterable[Any] = (),
+        args: Iterable[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
         *,
         countdown: float | None = None,
@@ -452,10 +452,19 @@ class TaskFunction(Generic[P, R]):
         Celery's numbers, whose order differs between brokers); ``task_id`` (a UUID or its
         text), the task's id and its idempotency key: the same ``task_id`` again creates no
         second task, and the handle holds the original (``created`` False)."""
-        if isinstance(args, str | bytes) or isinstance(kwargs, str | bytes):
-            raise InvalidArgument("args", "args must be a tuple or list, kwargs a dict")
+        if args is not None and (
+            isinstance(args, str | bytes | Mapping) or not isinstance(args, Iterable)
+        ):
+            raise InvalidArgument(
+                "args",
+                f"must be a tuple or list of positional arguments, not {type(args).__name__}",
+            )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise InvalidArgument(
+                "kwargs", f"must be a dict of keyword arguments, not {type(kwargs).__name__}"
+            )
         call = self._celery_options(countdown, eta, expires, queue, priority)
-        spec = call._celery_spec(tuple(args), dict(kwargs or {}))
+        spec = call._celery_spec(tuple(args or ()), dict(kwargs or {}))
         if task_id is not None:
             spec = self._with_task_id(spec, task_id)
         return self._submit(_default_client(f"{self.__name__}.apply_async()"), spec)

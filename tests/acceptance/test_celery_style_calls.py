@@ -195,7 +195,7 @@ def test_apply_async_refuses_what_it_would_have_to_guess_and_writes_nothing(
     naive = datetime.now() + timedelta(minutes=5)  # naive: the mistake under test
     with pytest.raises(pgqueue.ValidationError, match="eta: must be timezone-aware") as caught:
         add.apply_async((1, 2), eta=naive)
-    assert caught.value.field == "eta"
+    assert caught.value.field == "eta" and "refused rather than guessed" in str(caught.value)
     with pytest.raises(pgqueue.ValidationError, match="expires: a datetime must be timezone-aware"):
         add.apply_async((1, 2), expires=naive)
     with pytest.raises(pgqueue.ValidationError, match="not the number 5") as caught:
@@ -211,6 +211,11 @@ def test_apply_async_refuses_what_it_would_have_to_guess_and_writes_nothing(
         add.apply_async((1, 2), task_id="order-42")
     with pytest.raises(pgqueue.InvalidArgument, match="'y' is missing"):
         add.apply_async((1,))
+    with pytest.raises(pgqueue.InvalidArgument, match="tuple or list of positional") as bad:
+        add.apply_async(7)  # type: ignore[arg-type]
+    assert bad.value.argument == "args"
+    with pytest.raises(pgqueue.InvalidArgument, match="dict of keyword arguments"):
+        add.apply_async((1,), [("y", 2)])  # type: ignore[arg-type]
     assert count_tasks(conn) == 0
 
 
