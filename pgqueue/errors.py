@@ -11,6 +11,8 @@ import re
 import uuid
 from typing import Any, Literal
 
+from pgqueue.error_text import split_error
+
 
 class PgQueueError(Exception):
     """Root of every error pgqueue raises on purpose."""
@@ -394,8 +396,6 @@ class TaskFailed(PgQueueError):
     """
 
     def __init__(self, task: Any) -> None:
-        from pgqueue.error_text import split_error
-
         text = split_error(task.last_error or "")
         summary = text.summary.strip()
         found = _EXCEPTION_TYPE.match(summary) if summary else None

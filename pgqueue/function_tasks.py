@@ -29,7 +29,7 @@ from pgqueue import config
 from pgqueue.arguments import Parameters, check_arguments, describe_parameters
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.errors import InvalidArgument, UnsupportedConnection, ValidationError
-from pgqueue.handle import TaskHandle, parse_task_id
+from pgqueue.handle import TaskHandle, is_client, parse_task_id
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries.driver import arun, run
@@ -387,13 +387,13 @@ class TaskFunction(Generic[P, R]):
         argument is missing, unknown or not JSON. Given a ``pgqueue.Client`` instead of a
         connection, it commits on its own, as ``delay`` does."""
         spec = self.bind(*args, **kwargs)
-        if _is_client(conn):
+        if is_client(conn):
             return self._submit(conn, spec)
         return TaskHandle(run(conn, insert_prepared(spec, None, self._reuse)))
 
     async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """As :meth:`enqueue`, on an async connection."""
-        if _is_client(conn):
+        if is_client(conn):
             raise UnsupportedConnection(
                 "pgqueue.Client is synchronous: use fn.enqueue(client, ...) or fn.delay(...), "
                 "or give aenqueue an async connection (psycopg.AsyncConnection, SQLAlchemy "
@@ -409,7 +409,7 @@ class TaskFunction(Generic[P, R]):
         parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
         before anything is written."""
         specs = self._specs(calls)
-        if _is_client(conn):
+        if is_client(conn):
             with conn.connection() as c:
                 done = enqueue_many(c, specs, key_reuse=self._reuse, notify=conn.notify)
             return [TaskHandle(r, conn) for r in done]
@@ -619,14 +619,6 @@ class TaskFunction(Generic[P, R]):
         if context and p.context is not None and p.context not in p.positional_only:
             kwargs[p.context] = ctx
         return args, kwargs
-
-
-def _is_client(conn: object) -> bool:
-    """Whether ``conn`` is a pgqueue.Client (imported here when asked: the pool's module is
-    not loaded for a caller that never uses one)."""
-    from pgqueue.client import Client
-
-    return isinstance(conn, Client)
 
 
 def _default_client(needed_for: str) -> Client:

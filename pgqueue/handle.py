@@ -12,8 +12,9 @@ else the default client (``pgqueue.configure``, ``PGQUEUE_DATABASE_URL``).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from pgqueue.errors import TaskFailed, TaskWasCancelled, ValidationError
 from pgqueue.models import EnqueueResult, Task, TaskStatus
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
     from pgqueue.client import Client
 
 FINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+
+
+def is_client(conn: object) -> TypeGuard[Client]:
+    """Whether ``conn`` is a pgqueue.Client. Read from the loaded modules: a call on a
+    connection of the caller's does not load the pool's module to answer no."""
+    module = sys.modules.get("pgqueue.client")
+    return module is not None and isinstance(conn, module.Client)
 
 
 def outcome(task: Task, propagate: bool) -> Any:
@@ -63,11 +71,10 @@ class ResultQuestions:
 
     def refresh(self, conn: Any = None) -> Task:
         """The task as it is now in the database (TaskNotFound once pruned)."""
-        from pgqueue.client import Client
         from pgqueue.operations import get_task
 
         source = self._source(conn)
-        if isinstance(source, Client):
+        if is_client(source):
             return source.get_task(self.id)
         return get_task(source, self.id)
 
@@ -107,14 +114,13 @@ class ResultQuestions:
         return outcome(self._wait(conn, timeout, poll_interval), propagate)
 
     def _wait(self, conn: Any, timeout: float, poll_interval: float | None) -> Task:
-        from pgqueue.client import Client
         from pgqueue.operations import wait
 
         source = self._source(conn)
         options: dict[str, Any] = {"timeout": timeout}
         if poll_interval is not None:
             options["poll_interval"] = poll_interval
-        if isinstance(source, Client):
+        if is_client(source):
             return source.wait(self.id, **options)
         return wait(source, self.id, **options)
 
