@@ -42,3 +42,10 @@ def gated(gate: str) -> str:
             raise TimeoutError(f"{gate} never appeared")
         time.sleep(0.02)
     return "opened"
+
+
+@tasks.task(name="celery_style.fan_out", queue=QUEUE)
+def fan_out(count: int) -> list[str]:
+    """Submits ``count`` add tasks with ``delay``, as a Celery task calls another: through the
+    worker process's default client (its PGQUEUE_DATABASE_URL)."""
+    return [str(add.delay(i, i).id) for i in range(count)]

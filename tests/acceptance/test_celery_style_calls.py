@@ -8,6 +8,8 @@ against a real worker process.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,7 +18,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from celery_style_handlers import QUEUE, add, declined, gated, payment
+from celery_style_handlers import QUEUE, add, declined, fan_out, gated, payment
+from processes import clean_env
 from session_databases import database_name
 from test_worker_processes import FAST, WorkerProcess, Workers, wait_until
 
@@ -155,6 +158,14 @@ def test_status_and_ready_follow_the_task_from_queued_to_running_to_completed(
     assert handle.ready() and handle.successful()
 
 
+def test_a_task_submits_others_with_delay_through_the_workers_own_database_url(
+    configured: str, workers: Workers
+) -> None:
+    start_worker(configured, workers)
+    ids = fan_out.delay(3).get(timeout=60)
+    assert [pgqueue.AsyncResult(i).get(timeout=60) for i in ids] == [0, 2, 4]
+
+
 # --- apply_async's options ---------------------------------------------------------------------
 
 
@@ -266,6 +277,35 @@ def test_delay_without_a_configured_database_names_both_ways_to_give_one(
         add.apply_async((1, 2))
     with pytest.raises(pgqueue.ConfigurationError, match="pass conn="):
         pgqueue.AsyncResult(uuid.uuid4()).get(timeout=1)
+
+
+def test_a_process_with_no_database_configured_is_told_and_starts_no_embedded_server(
+    tmp_path: Path,
+) -> None:
+    script = (
+        "import sys\n"
+        "import pgqueue\n"
+        "from celery_style_handlers import add\n"
+        "try:\n"
+        "    add.delay(1, 2)\n"
+        "except pgqueue.ConfigurationError as exc:\n"
+        "    print(exc)\n"
+        "print('embedded loaded:', 'pgqueue.embedded' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parent,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "no database for add.delay(): call pgqueue.configure(database_url=...) at start-up, "
+        "or set PGQUEUE_DATABASE_URL (the default client never uses the embedded server)",
+        "embedded loaded: False",
+    ]
 
 
 def test_delay_uses_pgqueue_database_url_when_nothing_is_configured(
