@@ -30,6 +30,7 @@ from pgqueue.version import __version__
 if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __getattr__
     from pgqueue.client import Client
     from pgqueue.cron import Schedule
+    from pgqueue.defaults import configure
     from pgqueue.enqueue import prepare
     from pgqueue.errors import (
         ConfigurationError,
@@ -50,8 +51,10 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         ResultTooLarge,
         SchemaNotReady,
         TaskCancelled,
+        TaskFailed,
         TaskInterrupted,
         TaskNotFound,
+        TaskWasCancelled,
         TimeLimitExceeded,
         UnknownParent,
         UnsupportedConnection,
@@ -65,7 +68,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     )
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
-    from pgqueue.handle import TaskHandle
+    from pgqueue.handle import AsyncResult, TaskHandle
     from pgqueue.models import (
         ClaimedTask,
         EnqueueResult,
@@ -158,6 +161,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
 _HOMES: dict[str, tuple[str, ...]] = {
     "pgqueue.client": ("Client",),
     "pgqueue.cron": ("Schedule",),
+    "pgqueue.defaults": ("configure",),
     "pgqueue.enqueue": ("prepare",),
     "pgqueue.errors": (
         "ConfigurationError",
@@ -178,8 +182,10 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ResultTooLarge",
         "SchemaNotReady",
         "TaskCancelled",
+        "TaskFailed",
         "TaskInterrupted",
         "TaskNotFound",
+        "TaskWasCancelled",
         "TimeLimitExceeded",
         "UnknownParent",
         "UnsupportedConnection",
@@ -193,7 +199,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "pgqueue.executor": ("TaskContext",),
     "pgqueue.function_tasks": ("TaskFunction",),
-    "pgqueue.handle": ("TaskHandle",),
+    "pgqueue.handle": ("AsyncResult", "TaskHandle"),
     "pgqueue.workflows": (
         "Chain",
         "Chord",
@@ -449,3 +455,6 @@ __all__ += [
 
 # The process executor: what a handler in a child process sees when it is told to stop.
 __all__ += ["TaskCancelled", "TaskInterrupted", "TimeLimitExceeded"]
+
+# Calls without a connection (fn.delay, fn.apply_async) and a result to ask (Celery's habits).
+__all__ += ["AsyncResult", "TaskFailed", "TaskWasCancelled", "configure"]

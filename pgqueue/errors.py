@@ -7,8 +7,11 @@ would be accepted instead.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any, Literal
+
+from pgqueue.error_text import split_error
 
 
 class PgQueueError(Exception):
@@ -372,3 +375,67 @@ class WorkflowCancelled(PgQueueError):
 
 def _counted(counts: Any) -> str:
     return ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no tasks"
+
+
+# --- a task's outcome, asked for by its result (fn.delay(...).get()) ---------------------------
+
+# The stored error's exception type, at the start of its summary: ``ValueError`` or a
+# qualified ``app.errors.PaymentDeclined``, followed by ``: message`` or nothing.
+_EXCEPTION_TYPE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::\s?(.*))?$", re.DOTALL)
+
+
+class TaskFailed(PgQueueError):
+    """The awaited task ended failed (dead-lettered: its attempts spent, or failed at once).
+
+    ``task`` is the task as read; ``task_id``, ``type`` and ``attempts`` are its own;
+    ``exception_type`` and ``exception_message`` are the handler's exception as the worker
+    stored it (``ValueError`` and ``bad order``; a qualified name for an exception of the
+    application, ``app.errors.Declined``); ``exception_type`` is None for an error that was
+    not an exception (a timeout, a process that died), whose text is ``exception_message``.
+    ``traceback`` is the stored traceback, if any.
+    """
+
+    def __init__(self, task: Any) -> None:
+        text = split_error(task.last_error or "")
+        summary = text.summary.strip()
+        found = _EXCEPTION_TYPE.match(summary) if summary else None
+        # "ValueError" alone, or "ValueError: msg"; "timed out after 5 s" has a space first.
+        if found is not None and (
+            found.group(2) is not None or "." in summary or summary[0].isupper()
+        ):
+            self.exception_type: str | None = found.group(1)
+            self.exception_message = (found.group(2) or "").strip()
+        else:
+            self.exception_type = None
+            self.exception_message = summary or "no error recorded"
+        self.task = task
+        self.task_id = task.id
+        self.type = task.type
+        self.attempts = task.attempts
+        self.traceback = text.traceback
+        error = (
+            f"{self.exception_type}: {self.exception_message}"
+            if self.exception_type and self.exception_message
+            else self.exception_type or self.exception_message
+        )
+        super().__init__(
+            f"task {task.id} ({task.type}) failed after attempt {task.attempts} of "
+            f"{task.max_attempts}: {error}"
+        )
+
+
+class TaskWasCancelled(PgQueueError):
+    """The awaited task ended cancelled: by an operator (``pgqueue cancel``, ``DELETE``), by
+    its handler (``raise pgqueue.Cancel(...)``), because it expired unstarted, or because a
+    parent failed. ``task`` is the task as read; its ``last_error`` says why, when known.
+
+    Not :class:`TaskCancelled`, which is raised *inside* a running handler to stop it."""
+
+    def __init__(self, task: Any) -> None:
+        reason = (task.last_error or "").strip().splitlines()
+        why = f": {reason[0]}" if reason else ""
+        super().__init__(f"task {task.id} ({task.type}) was cancelled{why}")
+        self.task = task
+        self.task_id = task.id
+        self.type = task.type
+        self.reason = reason[0] if reason else None

@@ -18,21 +18,27 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+import psycopg
 
 from pgqueue import config
 from pgqueue.arguments import Parameters, check_arguments, describe_parameters
 from pgqueue.enqueue import check_name, prepare
-from pgqueue.errors import InvalidArgument, ValidationError
-from pgqueue.handle import TaskHandle
+from pgqueue.errors import InvalidArgument, UnsupportedConnection, ValidationError
+from pgqueue.handle import TaskHandle, is_client, parse_task_id
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries.driver import arun, run
 from pgqueue.queries.specs import TaskSpec
 from pgqueue.queries.task_types import TypeDeclaration
 from pgqueue.workflows import MARKER_KEY, PARENT_RESULT, Step, is_marker
+
+if TYPE_CHECKING:
+    from pgqueue.client import Client
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -378,11 +384,21 @@ class TaskFunction(Generic[P, R]):
 
     def enqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Submit a call of this task in the caller's transaction; nothing is written when an
-        argument is missing, unknown or not JSON."""
-        return TaskHandle(run(conn, insert_prepared(self.bind(*args, **kwargs), None, self._reuse)))
+        argument is missing, unknown or not JSON. Given a ``pgqueue.Client`` instead of a
+        connection, it commits on its own, as ``delay`` does."""
+        spec = self.bind(*args, **kwargs)
+        if is_client(conn):
+            return self._submit(conn, spec)
+        return TaskHandle(run(conn, insert_prepared(spec, None, self._reuse)))
 
     async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """As :meth:`enqueue`, on an async connection."""
+        if is_client(conn):
+            raise UnsupportedConnection(
+                "pgqueue.Client is synchronous: use fn.enqueue(client, ...) or fn.delay(...), "
+                "or give aenqueue an async connection (psycopg.AsyncConnection, SQLAlchemy "
+                "AsyncSession)"
+            )
         op = insert_prepared(self.bind(*args, **kwargs), None, self._reuse)
         return TaskHandle(await arun(conn, op))
 
@@ -393,6 +409,10 @@ class TaskFunction(Generic[P, R]):
         parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
         before anything is written."""
         specs = self._specs(calls)
+        if is_client(conn):
+            with conn.connection() as c:
+                done = enqueue_many(c, specs, key_reuse=self._reuse, notify=conn.notify)
+            return [TaskHandle(r, conn) for r in done]
         results: list[EnqueueResult] = enqueue_many(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
@@ -403,6 +423,143 @@ class TaskFunction(Generic[P, R]):
         specs = self._specs(calls)
         results: list[EnqueueResult] = await enqueue_many.aio(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
+
+    # --- calls without a connection (Celery's names) ----------------------------------------
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
+        """Submit a call of this task through the default client (``pgqueue.configure``, else
+        ``PGQUEUE_DATABASE_URL``) in a transaction of its own, committed on return: Celery's
+        ``delay``. ``enqueue(conn, ...)`` is the form that joins the caller's transaction."""
+        client = _default_client(f"{self.__name__}.delay()")
+        return self._submit(client, self.bind(*args, **kwargs))
+
+    def apply_async(
+        self,
+        args: Iterable[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
+        queue: str | None = None,
+        priority: Priority | str | None = None,
+        task_id: uuid.UUID | str | None = None,
+    ) -> TaskHandle:
+        """:meth:`delay` with Celery's options, over the declared ones: ``countdown`` (seconds
+        from now), or ``eta`` (an aware datetime; a naive one is refused); ``expires`` (seconds,
+        a timedelta or an aware datetime: not started by then, the task never runs and ends
+        cancelled, reason ``expired``); ``queue``; ``priority`` ('high', 'normal', 'low': not
+        Celery's numbers, whose order differs between brokers); ``task_id`` (a UUID or its
+        text), the task's id and its idempotency key: the same ``task_id`` again creates no
+        second task, and the handle holds the original (``created`` False)."""
+        if args is not None and (
+            isinstance(args, str | bytes | Mapping) or not isinstance(args, Iterable)
+        ):
+            raise InvalidArgument(
+                "args",
+                f"must be a tuple or list of positional arguments, not {type(args).__name__}",
+            )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise InvalidArgument(
+                "kwargs", f"must be a dict of keyword arguments, not {type(kwargs).__name__}"
+            )
+        call = self._celery_options(countdown, eta, expires, queue, priority)
+        spec = call._celery_spec(tuple(args or ()), dict(kwargs or {}))
+        if task_id is not None:
+            spec = self._with_task_id(spec, task_id)
+        return self._submit(_default_client(f"{self.__name__}.apply_async()"), spec)
+
+    def _celery_options(
+        self,
+        countdown: float | None,
+        eta: datetime | None,
+        expires: float | timedelta | datetime | None,
+        queue: str | None,
+        priority: Priority | str | None,
+    ) -> TaskFunction[P, R]:
+        """This task with apply_async's options in pgqueue's names, each checked under its
+        Celery name (the rest are checked under pgqueue's when the call is prepared)."""
+        if countdown is not None and eta is not None:
+            raise ValidationError("eta", "give either countdown or eta, not both")
+        if eta is not None:
+            if not isinstance(eta, datetime):
+                raise ValidationError("eta", f"must be a datetime, not {type(eta).__name__}")
+            if eta.tzinfo is None or eta.utcoffset() is None:
+                raise ValidationError(
+                    "eta",
+                    "must be timezone-aware (e.g. datetime.now(UTC) + timedelta(minutes=5)); "
+                    "a naive datetime is refused rather than guessed (Celery reads it in its "
+                    "own timezone setting)",
+                )
+        # Priority is an int too: only bare numbers are refused.
+        if isinstance(priority, int) and not isinstance(priority, Priority):
+            raise ValidationError(
+                "priority",
+                f"give 'high', 'normal' or 'low', not the number {priority!r}: Celery's 0-9 "
+                "run highest first at 0 on Redis and at 9 on RabbitMQ, so pgqueue does not "
+                "guess which was meant",
+            )
+        expires_in = expires_at = None
+        if isinstance(expires, datetime):
+            if expires.tzinfo is None or expires.utcoffset() is None:
+                raise ValidationError("expires", "a datetime must be timezone-aware")
+            expires_at = expires
+        elif isinstance(expires, timedelta):
+            expires_in = expires.total_seconds()
+        elif expires is not None:
+            if isinstance(expires, bool) or not isinstance(expires, int | float):
+                raise ValidationError(
+                    "expires",
+                    "must be seconds, a timedelta or an aware datetime, "
+                    f"not {type(expires).__name__}",
+                )
+            expires_in = expires
+        return self.options(
+            queue=queue,
+            priority=priority,
+            run_at=eta,
+            delay=countdown,
+            expires_in=expires_in,
+            expires_at=expires_at,
+        )
+
+    def _celery_spec(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> TaskSpec:
+        """``bind(*args, **kwargs)``, an option's error named as apply_async names it."""
+        try:
+            return self.bind(*args, **kwargs)
+        except InvalidArgument:
+            raise
+        except ValidationError as exc:
+            name = _CELERY_NAMES.get(exc.field)
+            if name is None:
+                raise
+            raise ValidationError(name, exc.reason) from None
+
+    def _with_task_id(self, spec: TaskSpec, task_id: uuid.UUID | str) -> TaskSpec:
+        """The task with the caller's id, which is also its idempotency key (its text)."""
+        chosen = parse_task_id(task_id)
+        if spec.idempotency_key is not None:
+            raise ValidationError(
+                "task_id",
+                "give either task_id or an idempotency key (.options(idempotency_key=...)), "
+                "not both: task_id is the task's idempotency key",
+            )
+        return spec._replace(id=chosen, idempotency_key=str(chosen))
+
+    def _submit(self, client: Client, spec: TaskSpec) -> TaskHandle:
+        """Insert ``spec`` through ``client`` in a transaction of its own, committed."""
+        try:
+            with client.connection() as conn:
+                done = run(conn, insert_prepared(spec, None, self._reuse, client.notify))
+        except psycopg.errors.UniqueViolation as exc:
+            if spec.idempotency_key == str(spec.id) and exc.diag.constraint_name == "tasks_pkey":
+                raise ValidationError(
+                    "task_id",
+                    f"task {spec.id} already exists and was not submitted with this task_id "
+                    "(its idempotency key differs); choose a new task_id",
+                ) from None
+            raise
+        return TaskHandle(done, client)
 
     # --- what the worker needs -------------------------------------------------------------
 
@@ -462,6 +619,21 @@ class TaskFunction(Generic[P, R]):
         if context and p.context is not None and p.context not in p.positional_only:
             kwargs[p.context] = ctx
         return args, kwargs
+
+
+def _default_client(needed_for: str) -> Client:
+    from pgqueue.defaults import client
+
+    return client(needed_for)
+
+
+# apply_async's options by the names pgqueue's checks give them.
+_CELERY_NAMES = {
+    "delay": "countdown",
+    "run_at": "eta",
+    "expires_in": "expires",
+    "expires_at": "expires",
+}
 
 
 def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, Any]:
