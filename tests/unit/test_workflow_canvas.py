@@ -49,8 +49,8 @@ def test_an_immutable_step_receives_nothing_and_needs_every_argument():
 
 
 def test_the_parent_result_first_binds_the_arguments_after_it_as_celery_does():
-    a, b = pgqueue.chain(sub.s(5, 1), sub.s(10, parent_result="first")).build()[1]
-    assert b.payload == {"x": ONE, "y": 10}  # sub(result, 10), where sub.s(10) is sub(10, result)
+    _, b = pgqueue.chain(sub.s(5, 1), sub.s(10, parent_result="first")).build()[1]
+    assert b.payload == {"x": ONE, "y": 10}  # sub(result, 10); sub.s(10) is sub(10, result)
     # With nothing else to bind, the first parameter receives even where a default follows.
     _, c = pgqueue.chain(sub.s(1, 1), label.s(parent_result="first")).build()[1]
     assert c.payload == {"prefix": ONE}
