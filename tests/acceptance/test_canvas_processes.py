@@ -47,10 +47,12 @@ def test_an_immutable_step_and_a_parent_result_first_step_run_by_workers(
     assert unbound.wait(conn, timeout=5) == -6  # cv_sub(1, 7)
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
 def test_an_error_handler_runs_only_when_its_step_failed_and_receives_the_failed_task(
-    database_url: str, conn: psycopg.Connection[Any], workers: Workers
+    database_url: str, conn: psycopg.Connection[Any], workers: Workers, executor: str
 ):
-    proc = workers.start(database_url, *FAST, registry=REGISTRY)
+    """As much in a child process (``--executor process``) as in the worker's own."""
+    proc = workers.start(database_url, "--executor", executor, *FAST, registry=REGISTRY)
     failing = pgqueue.chain(
         cv_fail.s("the disk is full").link_error(cv_alert.s(channel="ops")), cv_add.s(y=1)
     ).enqueue(conn)
