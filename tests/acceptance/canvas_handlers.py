@@ -28,3 +28,8 @@ def cv_fail(reason: str) -> None:
 @tasks.task(name="cv_alert")
 def cv_alert(failed: dict[str, Any], channel: str) -> dict[str, Any]:
     return {"channel": channel, "failed": failed}
+
+
+@tasks.task(name="cv_alert_async")
+async def cv_alert_async(failed: dict[str, Any] | None, channel: str) -> dict[str, Any]:
+    return {"channel": channel, "failed": failed}

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from canvas_handlers import cv_add, cv_alert, cv_fail, cv_sub
+from canvas_handlers import cv_add, cv_alert, cv_alert_async, cv_fail, cv_sub
 from test_worker_processes import FAST, Workers, wait_until
 
 import pgqueue
@@ -54,7 +54,11 @@ def test_an_error_handler_runs_only_when_its_step_failed_and_receives_the_failed
     """As much in a child process (``--executor process``) as in the worker's own."""
     proc = workers.start(database_url, "--executor", executor, *FAST, registry=REGISTRY)
     failing = pgqueue.chain(
-        cv_fail.s("the disk is full").link_error(cv_alert.s(channel="ops")), cv_add.s(y=1)
+        cv_fail.s("the disk is full").link_error(
+            cv_alert.s(channel="ops"), cv_alert_async.s(channel="pager")
+        ),
+        # Cancelled because its parent failed: it did not fail, so its handler does not run.
+        cv_add.s(y=1).link_error(cv_alert_async.s(channel="never")),
     ).enqueue(conn)
     passing = pgqueue.chain(
         cv_sub.s(1, 2).link_error(cv_alert.s(channel="ops")), cv_sub.s(y=10)
@@ -67,12 +71,14 @@ def test_an_error_handler_runs_only_when_its_step_failed_and_receives_the_failed
     )
 
     failed_step, after = (pgqueue.get_task(conn, t.id) for t in failing.tasks)
-    [handler] = (pgqueue.get_task(conn, t.id) for t in failing.error_handlers)
+    handler, async_handler, not_run = (pgqueue.get_task(conn, t.id) for t in failing.error_handlers)
     assert failed_step.status is pgqueue.TaskStatus.FAILED
     assert after.status is pgqueue.TaskStatus.CANCELLED  # the chain stops as before
     assert handler.status is pgqueue.TaskStatus.COMPLETED and handler.workflow_id is None
     received = handler.result["failed"]
     assert handler.result["channel"] == "ops"
+    assert async_handler.result == {"channel": "pager", "failed": received}
+    assert not_run.status is pgqueue.TaskStatus.COMPLETED and not_run.result is None
     assert received["task_id"] == str(failed_step.id) and received["type"] == "cv_fail"
     assert received["error"] == "ValueError: the disk is full"
     assert received["traceback"].startswith("Traceback (most recent call last)")
