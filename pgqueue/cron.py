@@ -1,4 +1,5 @@
-"""Cron expressions for periodic tasks: parse one, and find its next tick after a moment.
+"""The rules of periodic tasks: a cron expression or an interval, and its next tick after a
+moment.
 
 Parsing and matching are cronsim's (the parser Healthchecks runs, written to match Debian's
 cron): five fields (minute hour day-of-month month day-of-week) or six with seconds first;
@@ -15,6 +16,11 @@ Ticks are wall-clock times in the schedule's time zone: ``0 9 * * *`` in Europe/
 fire that day. A schedule at set times of day (its minute and hour fields start with neither
 ``*`` nor ``*/``) fires a repeated time once, the first; one that runs through the hour
 (``*/15 * * * *``, ``0 * * * *``) keeps its rhythm in real time, in both passes of the hour.
+
+An :class:`Interval` ticks every so much real time, at ``anchor + n * every`` (the anchor is
+the Unix epoch unless declared): every scheduler computes the same ticks from the clock alone,
+so the schedule's fence (``last_tick``) serves it as it serves cron, and ticks never drift
+from the grid however late a scheduler wakes.
 """
 
 from __future__ import annotations
@@ -145,6 +151,85 @@ def zone(name: str) -> ZoneInfo:
         raise ValidationError("timezone", f"{name!r} is not an IANA time zone") from None
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MIN_INTERVAL = timedelta(seconds=1)
+
+
+def _duration(every: timedelta) -> str:
+    """``every`` as people write it: 30s, 5m, 1h30m, 1d, 1.5s."""
+    rest = every // timedelta(microseconds=1)
+    parts = []
+    for size, unit in ((86_400_000_000, "d"), (3_600_000_000, "h"), (60_000_000, "m")):
+        value, rest = divmod(rest, size)
+        if value:
+            parts.append(f"{value}{unit}")
+    if rest:
+        whole, micro = divmod(rest, 1_000_000)
+        parts.append(f"{whole}.{micro:06d}".rstrip("0").rstrip(".") + "s")
+    return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """Ticks every ``every`` of real time at ``anchor + n * every``, none before the anchor
+    (an aware UTC datetime; the Unix epoch unless declared, so that ``every=timedelta(
+    minutes=5)`` ticks at :00, :05, ...). Real time, not wall-clock: a daylight-saving change
+    neither skips nor repeats a tick (use cron for "at 09:00 local")."""
+
+    every: timedelta
+    anchor: datetime = EPOCH
+
+    @classmethod
+    def parse(
+        cls, every: timedelta | float, anchor: datetime | None = None, tz: ZoneInfo | None = None
+    ) -> Interval:
+        """The interval, or ValidationError (field ``every`` or ``anchor``) saying what is
+        wrong. ``every`` is a timedelta or seconds, at least one second; a naive ``anchor``
+        is read in ``tz`` (the schedule's time zone)."""
+        if isinstance(every, bool) or not isinstance(every, timedelta | int | float):
+            raise ValidationError(
+                "every", f"give a timedelta or seconds (e.g. timedelta(seconds=30)), not {every!r}"
+            )
+        if not isinstance(every, timedelta):
+            if every != every or every in (float("inf"), float("-inf")):
+                raise ValidationError("every", f"must be a number of seconds, not {every!r}")
+            every = timedelta(seconds=every)
+        if every < MIN_INTERVAL:
+            raise ValidationError(
+                "every", f"must be at least 1 second, not {every.total_seconds():g} s"
+            )
+        if anchor is not None and not isinstance(anchor, datetime):
+            raise ValidationError("anchor", f"must be a datetime, not {type(anchor).__name__}")
+        if anchor is not None and anchor.tzinfo is None:
+            anchor = anchor.replace(tzinfo=tz or UTC)
+        interval = cls(every) if anchor is None else cls(every, anchor.astimezone(UTC))
+        try:
+            interval.next_after(datetime.now(UTC) + every)
+        except OverflowError:
+            raise ValidationError("every", f"{interval.text} ticks past the year 9999") from None
+        return interval
+
+    @property
+    def text(self) -> str:
+        """How ``pgqueue schedules`` and the API show it: ``every 30s`` (``from ANCHOR`` when
+        the anchor is not the epoch)."""
+        text = f"every {_duration(self.every)}"
+        return text if self.anchor == EPOCH else f"{text} from {self.anchor.isoformat()}"
+
+    def next_after(self, moment: datetime, tz: ZoneInfo | None = None) -> datetime:
+        """The first tick strictly after ``moment`` (aware), as an aware UTC datetime. Exact:
+        timedelta arithmetic in whole microseconds, no float."""
+        if moment < self.anchor:
+            return self.anchor
+        return self.anchor + ((moment - self.anchor) // self.every + 1) * self.every
+
+    def latest_at_or_before(self, moment: datetime) -> datetime | None:
+        """The newest tick not after ``moment`` (None: before the anchor)."""
+        if moment < self.anchor:
+            return None
+        return self.anchor + ((moment - self.anchor) // self.every) * self.every
+
+
 # Without catch_up, the newest missed tick is looked for in these windows before now, widening
 # until one holds a tick: bounded work for a per-second schedule after a long outage, and a
 # yearly one is still found.
@@ -154,12 +239,12 @@ LOOKBACK_SECONDS = (60.0, 3600.0, 86400.0, 32 * 86400.0, 400 * 86400.0)
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     """A periodic task: ``type`` with ``payload`` is enqueued at every tick of ``cron`` in
-    ``timezone``. Ticks missed while no scheduler ran are not replayed, except the newest;
-    with ``catch_up`` every missed tick is enqueued, oldest first, up to ``max_catch_up`` a
-    round."""
+    ``timezone``, or of the interval ``every`` (one of the two). Ticks missed while no
+    scheduler ran are not replayed, except the newest; with ``catch_up`` every missed tick is
+    enqueued, oldest first, up to ``max_catch_up`` a round."""
 
     name: str
-    cron: Cron
+    cron: Cron | None
     timezone: str
     type: str
     payload: Mapping[str, Any]
@@ -167,19 +252,43 @@ class Schedule:
     priority: str
     catch_up: bool = False
     max_catch_up: int = 1000
+    every: Interval | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every is None):
+            raise ValidationError(
+                "every",
+                f"schedule {self.name!r}: give a cron expression or an interval (every=...), "
+                + ("not both" if self.cron is not None else "one of them"),
+            )
+
+    @property
+    def rule(self) -> Cron | Interval:
+        """What sets the ticks: the cron expression or the interval."""
+        rule = self.cron or self.every
+        assert rule is not None  # __post_init__
+        return rule
+
+    @property
+    def text(self) -> str:
+        """The rule as declared and listed: ``*/5 * * * *`` or ``every 30s``."""
+        return self.rule.text
 
     @property
     def zone(self) -> ZoneInfo:
         return zone(self.timezone)
 
     def next_after(self, moment: datetime) -> datetime:
-        return self.cron.next_after(moment, self.zone)
+        return self.rule.next_after(moment, self.zone)
 
     def due(self, last_tick: datetime | None, now: datetime) -> list[datetime]:
         """The ticks to enqueue now: after ``last_tick`` and not after ``now``. A schedule
         seen for the first time (no last tick) starts from now: nothing from the past."""
         if last_tick is None or last_tick >= now:
             return []
+        if self.every is not None and not self.catch_up:
+            newest = self.every.latest_at_or_before(now)
+            return [newest] if newest is not None and newest > last_tick else []
         if self.catch_up:
             ticks: list[datetime] = []
             tick = self.next_after(last_tick)

@@ -28,14 +28,15 @@ import psycopg
 from pgqueue import config
 from pgqueue.arguments import Parameters, check_arguments, describe_parameters
 from pgqueue.enqueue import check_name, prepare
+from pgqueue.error_text import split_error
 from pgqueue.errors import InvalidArgument, UnsupportedConnection, ValidationError
 from pgqueue.handle import TaskHandle, is_client, parse_task_id
-from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
+from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy, TaskStatus
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries.driver import arun, run
 from pgqueue.queries.specs import TaskSpec
 from pgqueue.queries.task_types import TypeDeclaration
-from pgqueue.workflows import MARKER_KEY, PARENT_RESULT, Step, is_marker
+from pgqueue.workflows import MARKER_KEY, PARENT_FAILURE, PARENT_RESULT, Step, is_marker
 
 if TYPE_CHECKING:
     from pgqueue.client import Client
@@ -242,19 +243,43 @@ class TaskFunction(Generic[P, R]):
         return out
 
     def partial_arguments(
-        self, *args: Any, **kwargs: Any
+        self, *args: Any, first: bool = False, **kwargs: Any
     ) -> tuple[dict[str, Any], str | None, bool]:
         """A workflow step's arguments (``s(...)``): the payload, the parameter that receives
-        the parents' results (the first positional one left unbound, None if there is none)
-        and whether it is required. Checked as :meth:`arguments` is, that one parameter
-        allowed missing."""
+        the parents' results (the first positional one left unbound, None if there is none;
+        with ``first``, the first positional one, the arguments binding those after it) and
+        whether it is required. Checked as :meth:`arguments` is, that one parameter allowed
+        missing."""
         positional = self._positional
-        if len(args) > len(positional):
-            return self.arguments(*args, **kwargs), None, False  # raises: too many
-        bound = dict(zip(positional, args, strict=False))
-        receives = next((n for n in positional if n not in bound and n not in kwargs), None)
-        if receives is None:
-            return self.arguments(*args, **kwargs), None, False
+        if first:
+            if not positional:
+                raise InvalidArgument(
+                    "parent_result",
+                    f"{self.type} has no positional parameter to receive the parent's result "
+                    "first (parent_result='first')",
+                )
+            receives, positional = positional[0], positional[1:]
+            if receives in kwargs:
+                raise InvalidArgument(
+                    receives,
+                    f"argument {receives!r} receives the parent's result "
+                    "(parent_result='first'): leave it out",
+                )
+            if len(args) > len(positional):
+                n = len(positional)
+                raise InvalidArgument(
+                    "*args",
+                    f"{self.type} takes {n} positional argument{'' if n == 1 else 's'} after the "
+                    f"parent's result but {len(args)} were given",
+                )
+            bound = dict(zip(positional, args, strict=False))
+        else:
+            if len(args) > len(positional):
+                return self.arguments(*args, **kwargs), None, False  # raises: too many
+            bound = dict(zip(positional, args, strict=False))
+            receives = next((n for n in positional if n not in bound and n not in kwargs), None)
+            if receives is None:
+                return self.arguments(*args, **kwargs), None, False
         params = self.parameters.description["parameters"]
         rest = {
             **self.parameters.description,
@@ -274,10 +299,22 @@ class TaskFunction(Generic[P, R]):
 
     def s(self, *args: Any, **kwargs: Any) -> Step:
         """A workflow step of this call (``pgqueue.chain``/``group``/``chord``): the first
-        positional parameter these arguments leave unbound receives the parents' results."""
+        positional parameter these arguments leave unbound receives the parents' results.
+
+        ``parent_result="first"`` (a keyword of ``s`` itself, unless the function has a
+        parameter of that name): the first positional parameter receives, and the arguments
+        given bind those after it, Celery's order (``add.s(10, parent_result="first")`` is
+        ``add(result, 10)``)."""
         from pgqueue.workflows import function_step
 
         return function_step(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Step:
+        """An immutable workflow step of this call: it runs after its parents as any step
+        does but receives nothing from them, so every required argument is given here."""
+        from pgqueue.workflows import function_step
+
+        return function_step(self, args, kwargs, receives_result=False)
 
     def step_options(
         self, payload: Mapping[str, Any], receives: str | None = None
@@ -582,12 +619,16 @@ class TaskFunction(Generic[P, R]):
         if self.is_async:
 
             async def run_async(payload: Mapping[str, Any], ctx: Any) -> Any:
+                if not error_handler_runs(payload, ctx):
+                    return None
                 args, kwargs = call_args(payload, ctx)
                 return await fn(*args, **kwargs)
 
             return run_async
 
         def run_sync(payload: Mapping[str, Any], ctx: Any) -> Any:
+            if not error_handler_runs(payload, ctx):
+                return None
             args, kwargs = call_args(payload, ctx)
             return fn(*args, **kwargs)
 
@@ -639,7 +680,8 @@ _CELERY_NAMES = {
 def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, Any]:
     """The payload with a workflow step's marker (pgqueue.workflows) replaced by its parents'
     results from ``ctx.parents``: the one parent's result, or the list of them in order
-    (None for a parent that did not complete: a clean-up step sees why in ctx.parents)."""
+    (None for a parent that did not complete: a clean-up step sees why in ctx.parents); an
+    error handler's by the failed parent (:func:`failed_task`)."""
     if not any(is_marker(v) for v in payload.values()):
         return payload
     parents = tuple(getattr(ctx, "parents", ()) or ())
@@ -649,9 +691,33 @@ def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, An
             results = [p.result for p in parents]
             if value[MARKER_KEY] == PARENT_RESULT:
                 out[name] = results[0] if results else None
+            elif value[MARKER_KEY] == PARENT_FAILURE:
+                failed = next((p for p in parents if p.status is TaskStatus.FAILED), None)
+                out[name] = None if failed is None else failed_task(failed)
             else:
                 out[name] = results
     return out
+
+
+def failed_task(parent: Any) -> dict[str, Any]:
+    """What an error handler receives: the failed task's id, type, its error's summary (the
+    exception's type and message) and traceback."""
+    error = split_error(parent.error or "")
+    return {
+        "task_id": str(parent.task_id),
+        "type": parent.type,
+        "error": error.summary or None,
+        "traceback": error.traceback,
+    }
+
+
+def error_handler_runs(payload: Mapping[str, Any], ctx: Any) -> bool:
+    """False for an error handler (``link_error``) whose step did not fail: the worker then
+    completes it without calling the function. True for every other task."""
+    if not any(is_marker(v) and v[MARKER_KEY] == PARENT_FAILURE for v in payload.values()):
+        return True
+    parents = tuple(getattr(ctx, "parents", ()) or ())
+    return any(p.status is TaskStatus.FAILED for p in parents)
 
 
 def _policy(retry: RetryPolicy | None, max_attempts: int | None) -> RetryPolicy | None:

@@ -28,9 +28,10 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
-from pgqueue.cron import Cron, Schedule, zone
+from pgqueue.cron import Cron, Interval, Schedule, zone
 from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
 from pgqueue.function_tasks import KeyRule, TaskFunction, declare
@@ -346,8 +347,10 @@ class TaskRegistry:
     def periodic(
         self,
         name: str,
-        cron: str,
+        cron: str | None = None,
         *,
+        every: timedelta | float | None = None,
+        anchor: datetime | None = None,
         type: str | None = None,
         payload: Mapping[str, Any] | None = None,
         timezone: str = "UTC",
@@ -355,10 +358,14 @@ class TaskRegistry:
         priority: str = "normal",
         catch_up: bool = False,
     ) -> Schedule:
-        """Enqueue ``type`` (default: ``name``) at every tick of ``cron`` in ``timezone``.
+        """Enqueue ``type`` (default: ``name``) at every tick of ``cron`` in ``timezone``, or
+        every ``every`` (a timedelta or seconds, at least 1 s) of real time.
 
-        Every worker running this registry also runs the scheduler, yet each tick is enqueued
-        once across all of them (a row lock and the tick's idempotency key,
+        An interval ticks at ``anchor + n * every``: from the Unix epoch unless ``anchor``
+        says otherwise (a naive one is read in ``timezone``), so ``every=timedelta(minutes=5)``
+        ticks at :00, :05, ... and every worker computes the same ticks. None is before the
+        anchor. Every worker running this registry also runs the scheduler, yet each tick is
+        enqueued once across all of them (a row lock and the tick's idempotency key,
         ``periodic:NAME:TICK``). Ticks missed while no worker ran are not replayed in a burst:
         only the newest is enqueued, unless ``catch_up`` asks for all of them.
         """
@@ -367,15 +374,29 @@ class TaskRegistry:
         check_name("schedule", name)
         if name in self._schedules:
             raise ValueError(f"schedule {name!r} is already declared")
+        if cron is not None and every is not None:
+            raise ValidationError(
+                "every", f"schedule {name!r}: give a cron expression or every=..., not both"
+            )
+        if cron is None and every is None:
+            raise ValidationError(
+                "cron",
+                f"schedule {name!r}: give a cron expression (e.g. '*/5 * * * *') or an interval "
+                "(every=timedelta(seconds=30))",
+            )
+        if anchor is not None and every is None:
+            raise ValidationError("anchor", f"schedule {name!r}: an anchor is for every=... only")
+        tz = zone(timezone)
         schedule = Schedule(
             name=name,
-            cron=Cron.parse(cron),
-            timezone=zone(timezone).key,
+            cron=None if cron is None else Cron.parse(cron),
+            timezone=tz.key,
             type=type or name,
             payload=dict(payload or {}),
             queue=queue,
             priority=priority,
             catch_up=catch_up,
+            every=None if every is None else Interval.parse(every, anchor, tz),
         )
         # Everything the task will be is checked now, at import, not at the first tick.
         prepare(schedule.type, schedule.payload, queue=queue, priority=priority)

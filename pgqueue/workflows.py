@@ -15,6 +15,16 @@ binds ``x=2``; ``y`` receives); the enqueue-side check allows exactly that one m
 payload stores a marker there (``{"$pgqueue": "parent_result"}`` or ``"parent_results"``,
 visible in psql and the dashboard), which the worker replaces with the parents' results
 (pgqueue.function_tasks). A ``handler(payload, ctx)`` type reads ``ctx.parent_results``.
+``fn.si(...)`` makes a step that receives nothing (every argument bound at once), and
+``fn.s(..., parent_result="first")`` one that receives in its first positional parameter,
+Celery's order (the arguments given bind the parameters after it).
+
+Error handlers. ``step.link_error(handler.s(...))`` adds a task that depends on the step as a
+clean-up step does (it runs once the step is final) and receives the failed task
+(``{"task_id", "type", "error", "traceback"}``, marker ``"parent_failure"``) in its receiving
+parameter; the worker completes it without calling the function (result None) when the step
+did not fail. Error handlers are not of the workflow (no ``workflow_id``): the workflow's
+status, sinks and result are its steps' alone, whichever way the handler went.
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ from pgqueue.queries.specs import TaskSpec
 MARKER_KEY = "$pgqueue"
 PARENT_RESULT = "parent_result"  # one parent: its result
 PARENT_RESULTS = "parent_results"  # after a group: the list of its results, in order
+PARENT_FAILURE = "parent_failure"  # an error handler's: the failed task, or skip the call
+MARKERS = (PARENT_RESULT, PARENT_RESULTS, PARENT_FAILURE)
+PARENT_RESULT_PLACES = ("unbound", "first")
 
 # The enqueue options a step takes (pgqueue.prepare's); depends_on and workflow_id are the
 # builder's to set.
@@ -56,11 +69,7 @@ STEP_OPTIONS = frozenset(
 
 
 def is_marker(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and len(value) == 1
-        and value.get(MARKER_KEY) in (PARENT_RESULT, PARENT_RESULTS)
-    )
+    return isinstance(value, dict) and len(value) == 1 and value.get(MARKER_KEY) in MARKERS
 
 
 # --- the graph ---------------------------------------------------------------------------------
@@ -73,13 +82,17 @@ class Node:
         raise NotImplementedError
 
     def build(self, workflow_id: uuid.UUID | None = None) -> tuple[uuid.UUID, list[TaskSpec], int]:
-        """The workflow's id, its prepared tasks in build order (parents before children) and
-        how many of the last ones are its sinks (the final tasks). Raises ValidationError
-        before anything is written."""
+        """The workflow's id, its prepared tasks and how many sinks (final tasks) it has: the
+        workflow's tasks in build order (parents before children), its sinks last among them,
+        then its error handlers (``link_error``; no ``workflow_id``), each after its step.
+        Raises ValidationError before anything is written."""
         builder = _Builder(workflow_id or new_task_id())
         sinks, _ = self._build(builder, (), False)
         order = {spec.id: i for i, spec in enumerate(builder.specs)}
         builder.sinks = sorted(sinks, key=order.__getitem__)
+        while builder.error_handlers:  # after the sinks, and a handler's own after it
+            handler, failed = builder.error_handlers.pop(0)
+            handler._build_error_handler(builder, failed)
         return builder.workflow_id, builder.specs, len(builder.sinks)
 
     def enqueue(self, conn: Any, /) -> WorkflowHandle:
@@ -88,14 +101,14 @@ class Node:
         is written when any step is refused."""
         workflow_id, specs, sinks = self.build()
         results = enqueue_many(conn, specs)
-        return WorkflowHandle(workflow_id, [TaskHandle(r) for r in results], sinks)
+        return WorkflowHandle.of(workflow_id, specs, [TaskHandle(r) for r in results], sinks)
 
     async def aenqueue(self, conn: Any, /) -> WorkflowHandle:
         """As :meth:`enqueue`, on an async connection (psycopg AsyncConnection or SQLAlchemy
         AsyncSession)."""
         workflow_id, specs, sinks = self.build()
         results = await enqueue_many.aio(conn, specs)
-        return WorkflowHandle(workflow_id, [TaskHandle(r) for r in results], sinks)
+        return WorkflowHandle.of(workflow_id, specs, [TaskHandle(r) for r in results], sinks)
 
 
 _Sinks = tuple[list[uuid.UUID], bool]  # the ids a next step depends on; True: a group's list
@@ -106,6 +119,8 @@ class _Builder:
     workflow_id: uuid.UUID
     specs: list[TaskSpec] = dataclasses.field(default_factory=list)
     sinks: list[uuid.UUID] = dataclasses.field(default_factory=list)
+    # (handler, the id of the step it handles), built once the workflow's tasks are
+    error_handlers: list[tuple[Step, uuid.UUID]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +128,10 @@ class Step(Node):
     """One task of a workflow, not yet enqueued: a type, its payload and enqueue options.
 
     ``receives``: for a function step, the parameter that gets its parents' results (None:
-    it takes none, or it is a ``handler(payload, ctx)`` type, which reads
-    ``ctx.parent_results``); ``required``: whether that parameter has no default (a step
-    with no parent must then bind it). ``run_anyway()`` makes it a clean-up step.
+    it takes none, it is ``fn.si(...)``, or it is a ``handler(payload, ctx)`` type, which
+    reads ``ctx.parent_results``); ``required``: whether that parameter has no default (a
+    step with no parent must then bind it). ``run_anyway()`` makes it a clean-up step;
+    ``link_error(handler)`` gives it error handlers (``error_handlers``).
     """
 
     type: str
@@ -126,6 +142,21 @@ class Step(Node):
     # The JSON types the receiving parameter accepts (None: not checked): a clean-up step
     # after one parent receives None when that parent did not complete.
     receives_types: tuple[str, ...] | None = None
+    error_handlers: tuple[Step, ...] = ()
+
+    def link_error(self, *handlers: Step) -> Step:
+        """This step with error handlers: each runs only if this step fails (is
+        dead-lettered, its retries spent), after it, and receives the failed task as
+        ``{"task_id", "type", "error", "traceback"}`` (``error``: the exception's type and
+        message) in the parameter where a step receives its parent's result: ``on_failure(
+        failed: dict, channel: str)`` as ``on_failure.s(channel="ops")``. When this step
+        completes or is cancelled, a handler is completed without being called (result
+        None). A handler is a task of its own, not of the workflow: the workflow's status and
+        result are its steps' alone. Checked now: a handler must be a function step that
+        receives (``fn.s(...)``, not ``fn.si(...)`` nor a ``pgqueue.step`` by name)."""
+        for handler in handlers:
+            _check_error_handler(handler)
+        return dataclasses.replace(self, error_handlers=(*self.error_handlers, *handlers))
 
     def run_anyway(self) -> Step:
         """This step as a clean-up step: it runs once all its parents are final, whatever
@@ -153,7 +184,18 @@ class Step(Node):
             self.type, payload, depends_on=after, workflow_id=builder.workflow_id, **self.options
         )
         builder.specs.append(spec)
+        builder.error_handlers.extend((h, spec.id) for h in self.error_handlers)
         return [spec.id], False
+
+    def _build_error_handler(self, builder: _Builder, failed: uuid.UUID) -> None:
+        """This step as an error handler of task ``failed``: after it whatever its outcome
+        (the worker skips the call unless it failed), outside the workflow."""
+        assert self.receives is not None  # _check_error_handler
+        payload = {**(self.payload or {}), self.receives: {MARKER_KEY: PARENT_FAILURE}}
+        options = {**self.options, "on_parent_failure": "run"}
+        spec = prepare(self.type, payload, depends_on=(failed,), **options)
+        builder.specs.append(spec)
+        builder.error_handlers.extend((h, spec.id) for h in self.error_handlers)
 
     def _check_cleanup(self, many: bool) -> None:
         run_anyway = self.options.get("on_parent_failure") == "run"
@@ -165,6 +207,30 @@ class Step(Node):
                 f"its parent did not complete, and it must be {' or '.join(types)}: allow None "
                 "in its annotation (e.g. `int | None`)",
             )
+
+
+def _check_error_handler(handler: Any) -> None:
+    if not isinstance(handler, Step):
+        hint = " (call .s(...) on it)" if callable(getattr(handler, "s", None)) else ""
+        raise ValidationError(
+            "link_error",
+            f"an error handler must be a step (fn.s(...)), not {type(handler).__name__}{hint}",
+        )
+    if handler.receives is None:
+        raise ValidationError(
+            "link_error",
+            f"{handler.type}: an error handler receives the failed task in the first parameter "
+            "its arguments leave unbound, and this step has none (make it a function task with "
+            "such a parameter, e.g. `def on_failure(failed: dict, ...)`, and use .s(...))",
+        )
+    types = handler.receives_types
+    if types is not None and "object" not in types:
+        raise ValidationError(
+            "link_error",
+            f"{handler.type}: argument {handler.receives!r} receives the failed task as a dict "
+            f"(task_id, type, error, traceback), and it must be {' or '.join(types)}: annotate "
+            "it `dict` (or leave it unannotated)",
+        )
 
 
 def _check_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,12 +261,28 @@ def step(type: str, payload: Mapping[str, Any] | None = None, **options: Any) ->
     return Step(type, payload, checked)
 
 
-def function_step(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+def function_step(
+    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, receives_result: bool = True
+) -> Step:
     """``fn.s(*args, **kwargs)`` for a TaskFunction ``fn`` (not imported here: function_tasks
     imports this module): the call's arguments bound and checked, allowing exactly
-    one missing parameter: the first positional one they leave unbound, which receives the
-    parents' results."""
-    payload, receives, required = fn.partial_arguments(*args, **kwargs)
+    one missing parameter: the first positional one they leave unbound (or with
+    ``parent_result="first"``, the first positional one), which receives the parents'
+    results. ``receives_result=False`` (``fn.si``): every argument bound, nothing received."""
+    if not receives_result:
+        payload, receives, required = fn.arguments(*args, **kwargs), None, False
+    else:
+        kwargs = dict(kwargs)
+        names = {p["name"] for p in fn.parameters.description["parameters"]}
+        place = "unbound" if "parent_result" in names else kwargs.pop("parent_result", "unbound")
+        if place not in PARENT_RESULT_PLACES:
+            raise ValidationError(
+                "parent_result",
+                f"must be 'first' (the first positional parameter receives, the arguments "
+                f"given bind those after it: Celery's order) or 'unbound' (the first one the "
+                f"arguments leave unbound: the default), not {place!r}",
+            )
+        payload, receives, required = fn.partial_arguments(*args, first=place == "first", **kwargs)
     options = {k: v for k, v in fn.step_options(payload, receives).items() if v is not None}
     prepare(fn.type, payload, **options)  # the options, checked now
     types = None if receives is None else fn.receiving_types(receives)
@@ -320,13 +402,30 @@ def chord(header: Any, callback: Any) -> Chord:
 class WorkflowHandle:
     """An enqueued workflow: ``id`` (every task's ``workflow_id``), ``tasks`` (a TaskHandle
     per step, in build order: a chain's steps in order, a group's members in order, a chord's
-    header before its callback), ``sinks`` (its final tasks) and ``result_task`` (the final
-    task when there is one, else None)."""
+    header before its callback), ``sinks`` (its final tasks), ``result_task`` (the final
+    task when there is one, else None) and ``error_handlers`` (the tasks ``link_error``
+    added, outside the workflow, in build order)."""
 
-    def __init__(self, workflow_id: uuid.UUID, tasks: list[TaskHandle], sinks: int) -> None:
+    def __init__(
+        self,
+        workflow_id: uuid.UUID,
+        tasks: list[TaskHandle],
+        sinks: int,
+        error_handlers: list[TaskHandle] | None = None,
+    ) -> None:
         self.id = workflow_id
         self.tasks = tasks
         self.sinks = tasks[len(tasks) - sinks :]
+        self.error_handlers = error_handlers or []
+
+    @classmethod
+    def of(
+        cls, workflow_id: uuid.UUID, specs: list[TaskSpec], handles: list[TaskHandle], sinks: int
+    ) -> WorkflowHandle:
+        """The handle of what ``build`` gave and ``enqueue_many`` wrote: the error handlers
+        (no workflow id) come after the workflow's tasks."""
+        steps = sum(1 for spec in specs if spec.workflow_id == workflow_id)
+        return cls(workflow_id, handles[:steps], sinks, handles[steps:])
 
     @property
     def result_task(self) -> TaskHandle | None:

@@ -25,7 +25,7 @@ def schedule_run(
         "schedule_lock",
         {
             "name": schedule.name,
-            "cron": schedule.cron.text,
+            "cron": schedule.text,
             "timezone": schedule.timezone,
             "type": schedule.type,
             "queue": schedule.queue,

@@ -7,7 +7,8 @@
 
 -- name: schedule_lock
 -- Upsert a schedule's definition and lock its row: concurrent schedulers (every worker may run
--- one) queue up here, and each then sees the last tick the previous one enqueued.
+-- one) queue up here, and each then sees the last tick the previous one enqueued. cron holds
+-- the rule as people read it: the expression, or an interval's "every 30s" (Schedule.text).
 INSERT INTO pgqueue.schedules AS s (name, cron, timezone, type, queue, updated_at)
 VALUES (%(name)s, %(cron)s, %(timezone)s, %(type)s, %(queue)s, now())
 ON CONFLICT (name) DO UPDATE
