@@ -219,6 +219,7 @@ class TaskFunction(Generic[P, R]):
                 f"{len(args)} were given",
             )
         out = self._with_keywords(dict(zip(positional, args, strict=False)), kwargs)
+        out = self.parameters.encode(out)
         check_arguments(self.parameters.description, out)
         return out
 
@@ -254,7 +255,7 @@ class TaskFunction(Generic[P, R]):
             **self.parameters.description,
             "parameters": [p for p in params if p["name"] != receives],
         }
-        out = self._with_keywords(dict(bound), kwargs)
+        out = self.parameters.encode(self._with_keywords(dict(bound), kwargs))
         check_arguments(rest, out)
         required = any(p["name"] == receives and p.get("required") for p in params)
         return out, receives, required
@@ -312,7 +313,9 @@ class TaskFunction(Generic[P, R]):
             value = arguments.get(rule.parameter, rule.default)
             return None if value is None else str(value)
         assert rule.function is not None
-        args, kwargs = self._split(arguments, None, context=False)
+        # The key function sees the arguments as the task function does (a datetime, not
+        # its ISO string).
+        args, kwargs = self._split(self.parameters.decode(arguments), None, context=False)
         name = getattr(rule.function, "__qualname__", repr(rule.function))
         if rule.signature is not None:
             try:
@@ -360,8 +363,9 @@ class TaskFunction(Generic[P, R]):
             if isinstance(call, TaskSpec):
                 out.append(call)
             elif isinstance(call, Mapping):
-                check_arguments(self.parameters.description, call)
-                out.append(self._spec(call, limit))
+                payload = self.parameters.encode(dict(call))
+                check_arguments(self.parameters.description, payload)
+                out.append(self._spec(payload, limit))
             else:
                 raise ValidationError(
                     "calls",
@@ -437,9 +441,13 @@ class TaskFunction(Generic[P, R]):
         return run_sync
 
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The call of the function for a stored payload. Converted arguments are decoded
+        first: one that does not decode (a payload submitted by type name with a bad date)
+        raises UndecodableArgument, which dead-letters the task at once."""
         payload = fill_parent_results(payload, ctx)
+        decoded = self.parameters.decode(payload)
         check_arguments(self.parameters.description, payload)
-        return self._split(payload, ctx)
+        return self._split(decoded, ctx)
 
     def _split(
         self, payload: Mapping[str, Any], ctx: Any, *, context: bool = True
