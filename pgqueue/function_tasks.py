@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from pgqueue import config
 from pgqueue.arguments import Parameters, check_arguments, describe_parameters
@@ -30,7 +31,7 @@ from pgqueue.handle import TaskHandle
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries.driver import arun, run
-from pgqueue.queries.specs import TaskSpec
+from pgqueue.queries.specs import DEFAULT_RETRY, TaskSpec
 from pgqueue.queries.task_types import TypeDeclaration
 from pgqueue.workflows import MARKER_KEY, PARENT_RESULT, Step, is_marker
 
@@ -156,6 +157,22 @@ class TaskFunction(Generic[P, R]):
         self.__wrapped__ = fn
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here, now. A function that takes the task's context and is not
+        given one gets a :class:`DirectCallContext` (attempt 1, a fresh task id, its type and
+        queue), not None; ``pgqueue.testing.call`` gives a worker's own TaskContext."""
+        name = self.parameters.context
+        if name is None or name in kwargs:
+            return self.fn(*args, **kwargs)
+        signature = inspect.signature(self.fn)
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:  # Python's own error says it best
+            return self.fn(*args, **kwargs)
+        if name not in bound.arguments:
+            if name not in self.parameters.positional_only:
+                kwargs[name] = DirectCallContext(self)
+            elif list(signature.parameters).index(name) == len(args):
+                args = (*args, DirectCallContext(self))  # type: ignore[assignment]
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -382,13 +399,19 @@ class TaskFunction(Generic[P, R]):
 
     def enqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Submit a call of this task in the caller's transaction; nothing is written when an
-        argument is missing, unknown or not JSON."""
-        return TaskHandle(run(conn, insert_prepared(self.bind(*args, **kwargs), None, self._reuse)))
+        argument is missing, unknown or not JSON. Under ``pgqueue.testing.eager`` the call
+        runs here instead, and ``conn`` is not used."""
+        spec = self.bind(*args, **kwargs)
+        if (eager := eager_runner(self)) is not None:
+            return eager.run(self, spec)
+        return TaskHandle(run(conn, insert_prepared(spec, None, self._reuse)))
 
     async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """As :meth:`enqueue`, on an async connection."""
-        op = insert_prepared(self.bind(*args, **kwargs), None, self._reuse)
-        return TaskHandle(await arun(conn, op))
+        spec = self.bind(*args, **kwargs)
+        if (eager := eager_runner(self)) is not None:
+            return await eager.arun(self, spec)
+        return TaskHandle(await arun(conn, insert_prepared(spec, None, self._reuse)))
 
     def enqueue_many(
         self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
@@ -397,6 +420,8 @@ class TaskFunction(Generic[P, R]):
         parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
         before anything is written."""
         specs = self._specs(calls)
+        if (eager := eager_runner(self)) is not None:
+            return [eager.run(self, spec) for spec in specs]
         results: list[EnqueueResult] = enqueue_many(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
@@ -405,6 +430,8 @@ class TaskFunction(Generic[P, R]):
     ) -> list[TaskHandle]:
         """As :meth:`enqueue_many`, on an async connection."""
         specs = self._specs(calls)
+        if (eager := eager_runner(self)) is not None:
+            return [await eager.arun(self, spec) for spec in specs]
         results: list[EnqueueResult] = await enqueue_many.aio(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
@@ -470,6 +497,69 @@ class TaskFunction(Generic[P, R]):
         if context and p.context is not None and p.context not in p.positional_only:
             kwargs[p.context] = ctx
         return args, kwargs
+
+
+class DirectCallContext:
+    """The context a direct call of a task function gets (``send_receipt(42)``), when it
+    takes one and is given none: attempt 1 of the declared attempts, a fresh task id, the
+    task's type and queue, nothing to stop for, no parents. There is no task row, so no
+    ``connection``: ``pgqueue.testing.call`` gives a worker's TaskContext, with one."""
+
+    def __init__(self, task: TaskFunction[..., Any]) -> None:
+        retry = task.declared.retry or DEFAULT_RETRY
+        self.task_id = uuid.uuid4()
+        self.type = task.type
+        self.queue = task.declared.queue or config.DEFAULT_QUEUE
+        self.attempt = 1
+        self.max_attempts = retry.max_attempts
+        self.parents: tuple[Any, ...] = ()
+        self.workflow_id: uuid.UUID | None = None
+        self.concurrency_key: str | None = None
+        self.cancel_requested = False
+        self.lease_lost = False
+        self.timed_out = False
+
+    @property
+    def parent_results(self) -> list[Any]:
+        return []
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def should_stop(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"{self.type} was called directly, not run by a worker: its context has no "
+            f"{name!r} (run it with pgqueue.testing.call(fn, ...) for a worker's TaskContext, "
+            "or enqueue it)"
+        )
+
+
+class EagerRunner(Protocol):
+    """Runs a function task's enqueued calls here instead of storing them
+    (``pgqueue.testing.eager``); ``covers`` says for which task functions."""
+
+    def covers(self, task: TaskFunction[..., Any]) -> bool: ...
+
+    def run(self, task: TaskFunction[..., Any], spec: TaskSpec) -> Any: ...
+
+    async def arun(self, task: TaskFunction[..., Any], spec: TaskSpec) -> Any: ...
+
+
+# The eager runners in force, innermost last: process-wide, not per thread or context, since
+# the code under test may enqueue from another thread (a web framework's test client).
+EAGER: list[EagerRunner] = []
+
+
+def eager_runner(task: TaskFunction[..., Any]) -> EagerRunner | None:
+    """The innermost eager runner in force that covers ``task``, if any."""
+    for runner in reversed(EAGER):
+        if runner.covers(task):
+            return runner
+    return None
 
 
 def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, Any]:
