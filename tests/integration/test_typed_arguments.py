@@ -176,6 +176,6 @@ def test_a_stored_argument_that_cannot_be_decoded_dead_letters_at_its_first_atte
     assert (dead.status, dead.attempts) == ("failed", 1)
     assert dead.last_error is not None
     assert dead.last_error.startswith(
-        "UndecodableArgument: payload: argument 'day' must be a date (ISO 8601, such as 2026-01-02), "
-        "not '2026-02-30'"
+        "UndecodableArgument: payload: argument 'day' must be a date (ISO 8601, such as "
+        "2026-01-02), not '2026-02-30'"
     )
