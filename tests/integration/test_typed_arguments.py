@@ -15,9 +15,9 @@ from typing import Any
 
 import pydantic
 import pytest
+from helpers import run_worker_until
 
 import pgqueue
-import pgqueue.testing
 from pgqueue.queries import driver, task_types
 from pgqueue.registry import TaskRegistry
 
@@ -40,6 +40,12 @@ class Address(pydantic.BaseModel):
 
 
 SEEN: dict[str, Any] = {}
+
+
+def finished(conn: Any, task_id: uuid.UUID) -> bool:
+    status = pgqueue.get_task(conn, task_id).status
+    conn.commit()
+    return status in ("completed", "failed")
 
 
 def registry() -> tuple[TaskRegistry, Any]:
@@ -117,7 +123,7 @@ def test_typed_arguments_are_stored_as_readable_json_and_decoded_by_a_real_worke
     assert '"address": {"city": "Lyon", "since": "2020-01-02"}' in text
     conn.commit()
 
-    pgqueue.testing.run_until_empty(tasks, database_url)
+    run_worker_until(database_url, tasks, lambda: finished(conn, handle.id))
 
     assert pgqueue.get_task(conn, handle.id).status == "completed"
     assert SEEN["call"] == {**arguments(), "note": None}
@@ -170,7 +176,7 @@ def test_a_stored_argument_that_cannot_be_decoded_dead_letters_at_its_first_atte
     task = pgqueue.enqueue(conn, "invoice", payload, max_attempts=5).task
     conn.commit()
 
-    pgqueue.testing.run_until_empty(tasks, database_url)
+    run_worker_until(database_url, tasks, lambda: finished(conn, task.id))
 
     dead = pgqueue.get_task(conn, task.id)
     assert (dead.status, dead.attempts) == ("failed", 1)
