@@ -15,9 +15,11 @@ from typing import Any
 
 import pydantic
 import pytest
+from boundaries import Api
 from helpers import run_worker_until
 
 import pgqueue
+from pgqueue.api import ApiSettings
 from pgqueue.queries import driver, task_types
 from pgqueue.registry import TaskRegistry
 
@@ -185,3 +187,32 @@ def test_a_stored_argument_that_cannot_be_decoded_dead_letters_at_its_first_atte
         "UndecodableArgument: payload: argument 'day' must be a date (ISO 8601, such as "
         "2026-01-02), not '2026-02-30'"
     )
+
+
+def test_the_http_api_refuses_a_malformed_date_at_submit_and_stores_a_good_one(conn, database_url):
+    tasks, invoice = registry()
+    driver.run(conn, task_types.task_types_declare("w1", tasks.declarations()))
+    conn.commit()
+    good = invoice.arguments(**arguments())
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        bad = api.request(
+            "POST",
+            "/api/v1/tasks",
+            json={"type": "invoice", "payload": {**good, "day": "2026-02-30"}},
+        )
+        assert bad.status_code == 422, bad.text
+        assert "argument 'day' must be a date (ISO 8601, such as 2026-01-02)" in bad.text
+        count = conn.execute("SELECT count(*) FROM pgqueue.tasks").fetchone()
+        assert count is not None and count[0] == 0
+        conn.commit()
+
+        accepted = api.request("POST", "/api/v1/tasks", json={"type": "invoice", "payload": good})
+        assert accepted.status_code == 202, accepted.text
+    finally:
+        api.close()
+    task_id = uuid.UUID(accepted.json()["task_id"])
+    SEEN.clear()
+    run_worker_until(database_url, tasks, lambda: finished(conn, task_id))
+    assert pgqueue.get_task(conn, task_id).status == "completed"
+    assert SEEN["call"]["day"] == date(2026, 3, 1)
