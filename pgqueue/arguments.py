@@ -11,11 +11,27 @@ What is checked: missing required arguments, unknown ones (unless the function t
 ``**kwargs``), values that are not JSON, and, where a parameter's annotation is one of
 ``int``, ``float``, ``str``, ``bool``, ``list``/``tuple``, ``dict``, ``None`` (or a union or
 ``Optional`` of them, ``list[...]`` and ``dict[...]`` included), the JSON type of the value
-(an ``int`` is a number; a ``bool`` is not an integer). Other annotations are not checked.
+(an ``int`` is a number; a ``bool`` is not an integer).
+
+Converted: a parameter annotated ``datetime`` (aware only: a naive one is refused, since it
+names another instant on each machine), ``date``, ``time``, ``timedelta``, ``Decimal``,
+``UUID``, an ``Enum``, a dataclass or a pydantic model (pydantic is never imported here; a
+model class exists only once it is), or ``Optional``, ``list[X]`` or ``dict[str, X]`` of
+them, has its argument encoded at enqueue (:meth:`Parameters.encode`: a value of the type, or
+its JSON form) and decoded before the call (:meth:`Parameters.decode`). The stored JSON:
+ISO 8601 strings (a date-time with its UTC offset), seconds for a timedelta, a string for a
+Decimal (every digit kept), the UUID's text, the Enum member's value, the object of a
+dataclass's fields (each converted by its own annotation) or ``model_dump(mode="json")``.
+What a worker records for such a parameter (``format``, ``enum``, ``items``, ``values``,
+``properties``) lets the CLI and the HTTP API refuse at submit what it could not decode; a
+stored argument that still does not decode raises :class:`UndecodableArgument`, which
+dead-letters the task at once. A union of several such types is not converted, nor a tuple
+of them. Other annotations are not checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import decimal
@@ -117,10 +133,23 @@ def json_types(annotation: Any) -> list[str] | None:
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with its annotations evaluated (``from __future__ import
+    annotations`` makes them strings). One that does not resolve (a class defined inside a
+    function, a forward reference) is kept as its text, without costing the others theirs:
+    a ``datetime`` parameter is converted even beside a ``"LocalThing"`` one."""
     try:
         return inspect.signature(fn, eval_str=True)
-    except Exception:  # a forward reference that does not resolve: take the text
-        return inspect.signature(fn)
+    except Exception:
+        signature = inspect.signature(fn)
+    scope = getattr(inspect.unwrap(fn), "__globals__", {})
+    params = []
+    for p in signature.parameters.values():
+        annotation = p.annotation
+        if isinstance(annotation, str):  # what does not resolve is kept as text: json_types
+            with contextlib.suppress(Exception):
+                annotation = eval(annotation, scope)  # as inspect's eval_str does
+        params.append(p.replace(annotation=annotation))
+    return signature.replace(parameters=params)
 
 
 @dataclasses.dataclass(frozen=True)
