@@ -492,7 +492,17 @@ def _parse_decimal(value: Any) -> decimal.Decimal:
         raise Misfit(f"must be {FORMATS['decimal']}, not {_kind_of(value)}")
     if not parsed.is_finite():
         raise Misfit(f"must be a finite decimal number, not {parsed}")
+    if isinstance(value, float) and len(parsed.as_tuple().digits) > _FLOAT_DIGITS:
+        raise Misfit(
+            f"is a float of more than {_FLOAT_DIGITS} digits ({value!r}), which may have lost "
+            'some on its way here: send the decimal as a string, such as "12.50", or a Decimal'
+        )
     return parsed
+
+
+# Every decimal number of up to 15 significant digits comes back from a float (a JSON number
+# read by Python) as written; one of more may not.
+_FLOAT_DIGITS = 15
 
 
 def _parse_uuid(value: Any) -> uuid.UUID:

@@ -90,6 +90,7 @@ def test_the_json_form_is_accepted_where_the_value_is():
         (timedelta, "1 day", "argument 'x' must be a duration in seconds (a number), not string"),
         (Decimal, Decimal("NaN"), "argument 'x' must be a finite decimal number, not NaN"),
         (Decimal, True, "argument 'x' must be a decimal number"),
+        (Decimal, 1 / 3, "argument 'x' is a float of more than 15 digits (0.3333333333333333)"),
         (uuid.UUID, "x", "argument 'x' must be a UUID"),
         (Size, True, "argument 'x' must be one of Size's values (1, 2), not True"),
         (list[date], ["2026-01-01", "nope"], "argument 'x'[1] must be a date"),
@@ -122,6 +123,18 @@ def _json(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def test_a_decimal_sent_as_a_json_number_is_taken_when_no_digit_can_have_been_lost():
+    def fn(x: Decimal) -> None: ...
+
+    parameters = describe_parameters(fn, "t")
+    assert parameters.encode({"x": 12.5}) == {"x": "12.5"}
+    assert parameters.encode({"x": 12345678901234.5}) == {"x": "12345678901234.5"}
+    assert parameters.encode({"x": 10**30}) == {"x": str(10**30)}  # an int is exact
+    assert parameters.decode({"x": 0.1}) == {"x": Decimal("0.1")}
+    with pytest.raises(pgqueue.InvalidArgument, match="send the decimal as a string"):
+        check_arguments(parameters.description, {"x": 1234567890.123456789})
 
 
 def test_a_dataclass_is_its_fields_and_its_own_checks_apply():
