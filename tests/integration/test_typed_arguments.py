@@ -216,3 +216,34 @@ def test_the_http_api_refuses_a_malformed_date_at_submit_and_stores_a_good_one(c
     run_worker_until(database_url, tasks, lambda: finished(conn, task_id))
     assert pgqueue.get_task(conn, task_id).status == "completed"
     assert SEEN["call"]["day"] == date(2026, 3, 1)
+
+
+PROCESS_TASKS = TaskRegistry()
+
+
+@PROCESS_TASKS.task(name="typed_in_a_child", executor="process")
+def typed_in_a_child(day: date, amount: Decimal) -> str:
+    assert type(day) is date and type(amount) is Decimal
+    return f"{day:%d/%m/%Y} {amount + Decimal('0.01')}"
+
+
+def test_a_child_process_decodes_the_arguments_and_dead_letters_one_that_does_not_decode(
+    conn, database_url
+):
+    good = typed_in_a_child.enqueue(conn, date(2026, 3, 1), Decimal("9.99")).id
+    bad = pgqueue.enqueue(
+        conn, "typed_in_a_child", {"day": "yesterday", "amount": "1"}, max_attempts=5
+    ).task.id
+    conn.commit()
+
+    run_worker_until(
+        database_url,
+        PROCESS_TASKS,
+        lambda: finished(conn, good) and finished(conn, bad),
+    )
+
+    assert pgqueue.get_task(conn, good).result == "01/03/2026 10.00"
+    dead = pgqueue.get_task(conn, bad)
+    assert (dead.status, dead.attempts) == ("failed", 1)
+    assert dead.last_error is not None
+    assert dead.last_error.startswith("UndecodableArgument: payload: argument 'day' must be a date")
