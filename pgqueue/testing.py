@@ -421,18 +421,19 @@ class TestWorker:
             rows = backlog(conn, self.queues)
         return sum(r.ready + r.running for r in rows)
 
-    def drain(self, timeout: float = 30.0, *, interval: float = 0.05) -> int:
+    def drain(self, timeout: float = 30.0, *, interval: float = 0.05) -> None:
         """Wait until the worker's queues have no task ready or running (a task the
-        finished ones enqueued included); return how many outcomes the worker recorded
-        meanwhile. Raises TimeoutError naming what is left after ``timeout`` seconds. Tasks
-        scheduled for later (``delay``, a retry's backoff) are left for later."""
-        before = self.worker.processed
+        finished ones enqueued included), read from the database; raises TimeoutError
+        naming what is left after ``timeout`` seconds. Tasks scheduled for later
+        (``delay``, a retry's backoff) are left for later. What became of the tasks is read
+        from the database too (``pgqueue.get_task``, ``pgqueue.list_tasks``): the worker's
+        own counters trail its writes."""
         deadline = time.monotonic() + timeout
         while True:
             self._check_running()
             left = self.pending()
             if left == 0:
-                return self.worker.processed - before
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{left} task(s) of queues {', '.join(self.queues)} still ready or running "
@@ -493,8 +494,7 @@ def run_until_empty(
     *,
     queues: Sequence[str] | None = None,
     timeout: float = 30.0,
-) -> int:
-    """Run a worker until the queues have nothing ready or running, then stop it; return
-    how many outcomes it recorded."""
+) -> None:
+    """Run a worker until the queues have nothing ready or running, then stop it."""
     with worker(registry, database_url, queues=queues) as w:
-        return w.drain(timeout)
+        w.drain(timeout)

@@ -30,10 +30,9 @@ def test_the_test_worker_drains_tasks_and_the_tasks_they_enqueue(conn, database_
         assert sorted(w.queues) == ["default", "mail"]
         fan_out.enqueue(conn, 3)
         conn.commit()
-        recorded = w.drain(timeout=30)
+        w.drain(timeout=30)
         assert w.pending() == 0
 
-    assert recorded == 4
     rows = conn.execute(
         "SELECT type, status, result FROM pgqueue.tasks ORDER BY type, result"
     ).fetchall()
