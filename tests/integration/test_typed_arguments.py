@@ -247,3 +247,24 @@ def test_a_child_process_decodes_the_arguments_and_dead_letters_one_that_does_no
     assert (dead.status, dead.attempts) == ("failed", 1)
     assert dead.last_error is not None
     assert dead.last_error.startswith("UndecodableArgument: payload: argument 'day' must be a date")
+
+
+def test_a_workflow_step_gets_its_parents_result_and_its_own_arguments_decoded(conn, database_url):
+    tasks = TaskRegistry()
+
+    @tasks.task(name="price")
+    def price(sku: str) -> str:
+        return str(Decimal("19.99"))
+
+    @tasks.task(name="bill")
+    def bill(total: Decimal, due: date) -> str:
+        assert type(total) is Decimal and type(due) is date
+        return f"{total * 2} by {due:%d %b}"
+
+    handle = pgqueue.chain(price.s("A-1"), bill.s(due=date(2026, 4, 1))).enqueue(conn)
+    conn.commit()
+    last = handle.tasks[-1].id
+
+    run_worker_until(database_url, tasks, lambda: finished(conn, last))
+
+    assert pgqueue.get_task(conn, last).result == "39.98 by 01 Apr"
