@@ -227,6 +227,8 @@ def describe_parameters(fn: Callable[..., Any], where: str) -> Parameters:
         except TypeError as exc:  # an Enum whose values are not JSON
             raise ValidationError("task", f"{where}: parameter {p.name!r}: {exc}") from None
         if codec.converts:
+            if p.default is None and not isinstance(codec, _Nullable):
+                codec = _Nullable(codec)  # ``when: datetime = None`` takes None, as it says
             codecs[p.name] = codec
         params.append(
             {

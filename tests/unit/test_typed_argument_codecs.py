@@ -137,6 +137,15 @@ def test_a_decimal_sent_as_a_json_number_is_taken_when_no_digit_can_have_been_lo
         check_arguments(parameters.description, {"x": 1234567890.123456789})
 
 
+def test_a_converted_parameter_whose_default_is_none_takes_none():
+    def fn(when: datetime = None) -> None: ...  # type: ignore[assignment]
+
+    parameters = describe_parameters(fn, "t")
+    assert parameters.encode({"when": None}) == {"when": None}
+    check_arguments(parameters.description, {"when": None})
+    assert parameters.decode({"when": None}) == {"when": None}
+
+
 def test_a_dataclass_is_its_fields_and_its_own_checks_apply():
     @dataclasses.dataclass
     class Window:
