@@ -138,7 +138,7 @@ def test_a_decimal_sent_as_a_json_number_is_taken_when_no_digit_can_have_been_lo
 
 
 def test_a_converted_parameter_whose_default_is_none_takes_none():
-    def fn(when: datetime = None) -> None: ...  # type: ignore[assignment]
+    def fn(when: datetime = None) -> None: ...  # type: ignore[assignment]  # noqa: RUF013
 
     parameters = describe_parameters(fn, "t")
     assert parameters.encode({"when": None}) == {"when": None}
