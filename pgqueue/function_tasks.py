@@ -5,6 +5,9 @@ The decorated function stays callable as itself (calling it runs it here, now) a
 their parameter names and stored as the task's payload, a JSON object (readable in psql and
 the dashboard, and what an HTTP or CLI submit by type name gives). The worker calls the
 function with them, and gives the task's context to a parameter annotated ``TaskContext``.
+An argument whose parameter is annotated ``datetime``, ``Decimal``, ``UUID``, an Enum, a
+dataclass, ... is stored in its JSON form and decoded back before the call
+(:mod:`pgqueue.arguments`).
 
 Arguments are checked before anything is written, by one function (:func:`check_arguments`)
 used everywhere: here, for a caller holding the function; and by the CLI and the HTTP API,

@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import psycopg
 
-from pgqueue.errors import PgQueueError
+from pgqueue.errors import PgQueueError, ValidationError
 from pgqueue.executor import TaskContext
 from pgqueue.function_tasks import EAGER, TaskFunction
 from pgqueue.handle import TaskHandle
@@ -303,6 +303,12 @@ class EagerMode(contextlib.ContextDecorator):
         return handle
 
     def _context(self, fn: TaskFunction[..., Any], spec: TaskSpec) -> TaskContext:
+        if spec.type != fn.type:  # fn.enqueue_many(conn, [other.bind(...)])
+            raise ValidationError(
+                "calls",
+                f"eager mode runs {fn.type}'s calls with {fn.type}: a prepared task of type "
+                f"{spec.type!r} is enqueued through its own function",
+            )
         return context(
             fn,
             task_id=spec.id,

@@ -154,3 +154,18 @@ def test_eager_runs_tasks_that_tasks_enqueue_and_many_at_once():
         asyncio.run(child.aenqueue(None, 20))
 
     assert seen == [2, 10, 11, 20]
+
+
+def test_eager_refuses_another_types_prepared_task_rather_than_run_it_as_this_one():
+    tasks = TaskRegistry()
+
+    @tasks.task(name="one")
+    def one() -> None:
+        return None
+
+    @tasks.task(name="two")
+    def two() -> None:
+        return None
+
+    with pgqueue.testing.eager(tasks), pytest.raises(pgqueue.ValidationError, match="'two'"):
+        one.enqueue_many(None, [two.bind()])
