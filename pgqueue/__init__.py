@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from pgqueue.version import __version__
 
 if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __getattr__
+    from pgqueue.arguments import UndecodableArgument
     from pgqueue.client import Client
     from pgqueue.cron import Schedule
     from pgqueue.defaults import configure
@@ -198,6 +199,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "WorkflowWaitTimeout",
     ),
     "pgqueue.executor": ("TaskContext",),
+    "pgqueue.arguments": ("UndecodableArgument",),
     "pgqueue.function_tasks": ("TaskFunction",),
     "pgqueue.handle": ("AsyncResult", "TaskHandle"),
     "pgqueue.workflows": (
@@ -458,3 +460,6 @@ __all__ += ["TaskCancelled", "TaskInterrupted", "TimeLimitExceeded"]
 
 # Calls without a connection (fn.delay, fn.apply_async) and a result to ask (Celery's habits).
 __all__ += ["AsyncResult", "TaskFailed", "TaskWasCancelled", "configure"]
+
+# A function task's typed arguments: a stored argument that cannot become its annotated type.
+__all__ += ["UndecodableArgument"]

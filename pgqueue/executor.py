@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from pgqueue.arguments import UndecodableArgument
 from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask, Parent
@@ -203,6 +204,8 @@ def _from_exception(exc: BaseException) -> Outcome:
         return Cancelled(str(exc) or "cancelled by handler")
     if isinstance(exc, Snooze):
         return Snoozed(exc.after, str(exc) or "snoozed")
+    if isinstance(exc, UndecodableArgument):  # the payload never changes: no retry can work
+        return Failed(f"{type(exc).__name__}: {exc}", dead=True)
     return Failed(describe(exc))
 
 

@@ -5,6 +5,9 @@ The decorated function stays callable as itself (calling it runs it here, now) a
 their parameter names and stored as the task's payload, a JSON object (readable in psql and
 the dashboard, and what an HTTP or CLI submit by type name gives). The worker calls the
 function with them, and gives the task's context to a parameter annotated ``TaskContext``.
+An argument whose parameter is annotated ``datetime``, ``Decimal``, ``UUID``, an Enum, a
+dataclass, ... is stored in its JSON form and decoded back before the call
+(:mod:`pgqueue.arguments`).
 
 Arguments are checked before anything is written, by one function (:func:`check_arguments`)
 used everywhere: here, for a caller holding the function; and by the CLI and the HTTP API,
@@ -21,7 +24,7 @@ import inspect
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
 import psycopg
 
@@ -34,7 +37,7 @@ from pgqueue.handle import TaskHandle, is_client, parse_task_id
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy, TaskStatus
 from pgqueue.operations import enqueue_many, insert_prepared
 from pgqueue.queries.driver import arun, run
-from pgqueue.queries.specs import TaskSpec
+from pgqueue.queries.specs import DEFAULT_RETRY, TaskSpec
 from pgqueue.queries.task_types import TypeDeclaration
 from pgqueue.workflows import MARKER_KEY, PARENT_FAILURE, PARENT_RESULT, Step, is_marker
 
@@ -163,6 +166,22 @@ class TaskFunction(Generic[P, R]):
         self.__wrapped__ = fn
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the function here, now. A function that takes the task's context and is not
+        given one gets a :class:`DirectCallContext` (attempt 1, a fresh task id, its type and
+        queue), not None; ``pgqueue.testing.call`` gives a worker's own TaskContext."""
+        name = self.parameters.context
+        if name is None or name in kwargs:
+            return self.fn(*args, **kwargs)
+        signature = inspect.signature(self.fn)
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:  # Python's own error says it best
+            return self.fn(*args, **kwargs)
+        if name not in bound.arguments:
+            if name not in self.parameters.positional_only:
+                kwargs[name] = DirectCallContext(self)
+            elif list(signature.parameters).index(name) == len(args):
+                args = (*args, DirectCallContext(self))  # type: ignore[assignment]
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -226,6 +245,7 @@ class TaskFunction(Generic[P, R]):
                 f"{len(args)} were given",
             )
         out = self._with_keywords(dict(zip(positional, args, strict=False)), kwargs)
+        out = self.parameters.encode(out)
         check_arguments(self.parameters.description, out)
         return out
 
@@ -285,7 +305,7 @@ class TaskFunction(Generic[P, R]):
             **self.parameters.description,
             "parameters": [p for p in params if p["name"] != receives],
         }
-        out = self._with_keywords(dict(bound), kwargs)
+        out = self.parameters.encode(self._with_keywords(dict(bound), kwargs))
         check_arguments(rest, out)
         required = any(p["name"] == receives and p.get("required") for p in params)
         return out, receives, required
@@ -355,7 +375,9 @@ class TaskFunction(Generic[P, R]):
             value = arguments.get(rule.parameter, rule.default)
             return None if value is None else str(value)
         assert rule.function is not None
-        args, kwargs = self._split(arguments, None, context=False)
+        # The key function sees the arguments as the task function does (a datetime, not
+        # its ISO string).
+        args, kwargs = self._split(self.parameters.decode(arguments), None, context=False)
         name = getattr(rule.function, "__qualname__", repr(rule.function))
         if rule.signature is not None:
             try:
@@ -403,8 +425,9 @@ class TaskFunction(Generic[P, R]):
             if isinstance(call, TaskSpec):
                 out.append(call)
             elif isinstance(call, Mapping):
-                check_arguments(self.parameters.description, call)
-                out.append(self._spec(call, limit))
+                payload = self.parameters.encode(dict(call))
+                check_arguments(self.parameters.description, payload)
+                out.append(self._spec(payload, limit))
             else:
                 raise ValidationError(
                     "calls",
@@ -422,22 +445,27 @@ class TaskFunction(Generic[P, R]):
     def enqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """Submit a call of this task in the caller's transaction; nothing is written when an
         argument is missing, unknown or not JSON. Given a ``pgqueue.Client`` instead of a
-        connection, it commits on its own, as ``delay`` does."""
+        connection, it commits on its own, as ``delay`` does. Under ``pgqueue.testing.eager``
+        the call runs here instead, and ``conn`` is not used."""
         spec = self.bind(*args, **kwargs)
+        if (eager := eager_runner(self)) is not None:
+            return eager.run(self, spec)
         if is_client(conn):
             return self._submit(conn, spec)
         return TaskHandle(run(conn, insert_prepared(spec, None, self._reuse)))
 
     async def aenqueue(self, conn: Any, /, *args: P.args, **kwargs: P.kwargs) -> TaskHandle:
         """As :meth:`enqueue`, on an async connection."""
+        spec = self.bind(*args, **kwargs)
+        if (eager := eager_runner(self)) is not None:
+            return await eager.arun(self, spec)
         if is_client(conn):
             raise UnsupportedConnection(
                 "pgqueue.Client is synchronous: use fn.enqueue(client, ...) or fn.delay(...), "
                 "or give aenqueue an async connection (psycopg.AsyncConnection, SQLAlchemy "
                 "AsyncSession)"
             )
-        op = insert_prepared(self.bind(*args, **kwargs), None, self._reuse)
-        return TaskHandle(await arun(conn, op))
+        return TaskHandle(await arun(conn, insert_prepared(spec, None, self._reuse)))
 
     def enqueue_many(
         self, conn: Any, calls: Iterable[Mapping[str, Any] | TaskSpec]
@@ -446,6 +474,8 @@ class TaskFunction(Generic[P, R]):
         parameter name (the payload), or ``bind(...)``'s prepared task. All are checked
         before anything is written."""
         specs = self._specs(calls)
+        if (eager := eager_runner(self)) is not None:
+            return [eager.run(self, spec) for spec in specs]
         if is_client(conn):
             with conn.connection() as c:
                 done = enqueue_many(c, specs, key_reuse=self._reuse, notify=conn.notify)
@@ -458,6 +488,8 @@ class TaskFunction(Generic[P, R]):
     ) -> list[TaskHandle]:
         """As :meth:`enqueue_many`, on an async connection."""
         specs = self._specs(calls)
+        if (eager := eager_runner(self)) is not None:
+            return [await eager.arun(self, spec) for spec in specs]
         results: list[EnqueueResult] = await enqueue_many.aio(conn, specs, key_reuse=self._reuse)
         return [TaskHandle(r) for r in results]
 
@@ -467,8 +499,10 @@ class TaskFunction(Generic[P, R]):
         """Submit a call of this task through the default client (``pgqueue.configure``, else
         ``PGQUEUE_DATABASE_URL``) in a transaction of its own, committed on return: Celery's
         ``delay``. ``enqueue(conn, ...)`` is the form that joins the caller's transaction."""
-        client = _default_client(f"{self.__name__}.delay()")
-        return self._submit(client, self.bind(*args, **kwargs))
+        spec = self.bind(*args, **kwargs)
+        if (eager := eager_runner(self)) is not None:  # pgqueue.testing.eager: run it here
+            return eager.run(self, spec)
+        return self._submit(_default_client(f"{self.__name__}.delay()"), spec)
 
     def apply_async(
         self,
@@ -504,6 +538,8 @@ class TaskFunction(Generic[P, R]):
         spec = call._celery_spec(tuple(args or ()), dict(kwargs or {}))
         if task_id is not None:
             spec = self._with_task_id(spec, task_id)
+        if (eager := eager_runner(self)) is not None:  # pgqueue.testing.eager: run it here
+            return eager.run(self, spec)
         return self._submit(_default_client(f"{self.__name__}.apply_async()"), spec)
 
     def _celery_options(
@@ -635,9 +671,13 @@ class TaskFunction(Generic[P, R]):
         return run_sync
 
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
+        """The call of the function for a stored payload. Converted arguments are decoded
+        first: one that does not decode (a payload submitted by type name with a bad date)
+        raises UndecodableArgument, which dead-letters the task at once."""
         payload = fill_parent_results(payload, ctx)
+        decoded = self.parameters.decode(payload)
         check_arguments(self.parameters.description, payload)
-        return self._split(payload, ctx)
+        return self._split(decoded, ctx)
 
     def _split(
         self, payload: Mapping[str, Any], ctx: Any, *, context: bool = True
@@ -675,6 +715,69 @@ _CELERY_NAMES = {
     "expires_in": "expires",
     "expires_at": "expires",
 }
+
+
+class DirectCallContext:
+    """The context a direct call of a task function gets (``send_receipt(42)``), when it
+    takes one and is given none: attempt 1 of the declared attempts, a fresh task id, the
+    task's type and queue, nothing to stop for, no parents. There is no task row, so no
+    ``connection``: ``pgqueue.testing.call`` gives a worker's TaskContext, with one."""
+
+    def __init__(self, task: TaskFunction[..., Any]) -> None:
+        retry = task.declared.retry or DEFAULT_RETRY
+        self.task_id = uuid.uuid4()
+        self.type = task.type
+        self.queue = task.declared.queue or config.DEFAULT_QUEUE
+        self.attempt = 1
+        self.max_attempts = retry.max_attempts
+        self.parents: tuple[Any, ...] = ()
+        self.workflow_id: uuid.UUID | None = None
+        self.concurrency_key: str | None = None
+        self.cancel_requested = False
+        self.lease_lost = False
+        self.timed_out = False
+
+    @property
+    def parent_results(self) -> list[Any]:
+        return []
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def should_stop(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"{self.type} was called directly, not run by a worker: its context has no "
+            f"{name!r} (run it with pgqueue.testing.call(fn, ...) for a worker's TaskContext, "
+            "or enqueue it)"
+        )
+
+
+class EagerRunner(Protocol):
+    """Runs a function task's enqueued calls here instead of storing them
+    (``pgqueue.testing.eager``); ``covers`` says for which task functions."""
+
+    def covers(self, task: TaskFunction[..., Any]) -> bool: ...
+
+    def run(self, task: TaskFunction[..., Any], spec: TaskSpec) -> TaskHandle: ...
+
+    async def arun(self, task: TaskFunction[..., Any], spec: TaskSpec) -> TaskHandle: ...
+
+
+# The eager runners in force, innermost last: process-wide, not per thread or context, since
+# the code under test may enqueue from another thread (a web framework's test client).
+EAGER: list[EagerRunner] = []
+
+
+def eager_runner(task: TaskFunction[..., Any]) -> EagerRunner | None:
+    """The innermost eager runner in force that covers ``task``, if any."""
+    for runner in reversed(EAGER):
+        if runner.covers(task):
+            return runner
+    return None
 
 
 def fill_parent_results(payload: Mapping[str, Any], ctx: Any) -> Mapping[str, Any]:

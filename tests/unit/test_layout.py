@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pgqueue"
 
 # The layers, top first; a module belongs to the first whose prefix it has, else to the core.
 INTERFACES = ("pgqueue.api", "pgqueue.cli", "pgqueue.dashboard", "pgqueue.demo", "pgqueue.bench")
-INTEGRATIONS = ("pgqueue.contrib",)
+INTEGRATIONS = ("pgqueue.contrib", "pgqueue.testing")
 WORKER = ("pgqueue.worker", "pgqueue.supervisor")
 FACADES = ("pgqueue", "pgqueue.__main__")  # the public names gather from every layer
 LONGEST_FUNCTION = 100
