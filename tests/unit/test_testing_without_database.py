@@ -169,3 +169,16 @@ def test_eager_refuses_another_types_prepared_task_rather_than_run_it_as_this_on
 
     with pgqueue.testing.eager(tasks), pytest.raises(pgqueue.ValidationError, match="'two'"):
         one.enqueue_many(None, [two.bind()])
+
+
+def test_eager_runs_delay_and_apply_async_without_a_database_configured(monkeypatch):
+    monkeypatch.delenv("PGQUEUE_DATABASE_URL", raising=False)
+    tasks, send_receipt, sent = receipts()
+
+    with pgqueue.testing.eager(tasks):
+        delayed = send_receipt.delay(6, date(2026, 2, 4))
+        applied = send_receipt.apply_async(args=(7,), kwargs={"day": date(2026, 2, 5)})
+
+    assert sent == [(6, date(2026, 2, 4)), (7, date(2026, 2, 5))]
+    assert delayed.get(timeout=1)["order"] == 6 and applied.get(timeout=1)["order"] == 7
+    assert delayed.successful() and not applied.failed()
