@@ -274,7 +274,9 @@ RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retenti
 -- Set a limit as a whole (a NULL part is no limit of that kind), as an operator: a limit the
 -- workers declared from their code (declared_by) becomes the operator's, which no
 -- declaration overwrites. Claims obey it from the next one on; the sliding log of recent
--- starts and the bucket's state are kept, so lowering a rate takes effect at once.
+-- starts and the bucket's state are kept, so lowering a rate takes effect at once (a bucket's
+-- from the start already due), and a bucket owes no more than it would empty under the new
+-- rate, so raising one takes effect within one new interval (not after the old rate's).
 -- Wakes idle workers, since a raised limit may free tasks for them.
 WITH saved AS (
     INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period,
@@ -285,6 +287,12 @@ WITH saved AS (
        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
            rate_period = excluded.rate_period, rate_burst = excluded.rate_burst,
            per_key_max_running = excluded.per_key_max_running, declared_by = NULL,
+           rate_next = CASE WHEN excluded.rate_burst IS NOT NULL AND excluded.rate_limit > 0
+                                 AND l.rate_next IS NOT NULL
+                            THEN least(l.rate_next, excluded.updated_at + excluded.rate_burst
+                                       * excluded.rate_period / excluded.rate_limit
+                                       * interval '1 second')
+                            ELSE l.rate_next END,
            updated_at = excluded.updated_at
     RETURNING kind, name, max_running, rate_limit, rate_period, rate_burst, per_key_max_running,
               declared_by, updated_at

@@ -67,6 +67,11 @@ saved AS (
     ON CONFLICT (kind, name) DO UPDATE
        SET rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,
            rate_burst = excluded.rate_burst, declared_by = excluded.declared_by,
+           -- As limit_set: a raised rate applies within one of its intervals.
+           rate_next = CASE WHEN l.rate_next IS NOT NULL
+                            THEN least(l.rate_next, excluded.updated_at + excluded.rate_burst
+                                       * excluded.rate_period / excluded.rate_limit
+                                       * interval '1 second') END,
            updated_at = excluded.updated_at
      WHERE l.declared_by IS NOT NULL
        AND (l.rate_limit, l.rate_period, l.rate_burst)

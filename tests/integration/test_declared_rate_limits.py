@@ -102,6 +102,16 @@ def test_a_declaration_follows_the_code_and_keeps_the_bucket_when_unchanged(conn
     assert limit_of(conn, "report") is not None
 
 
+def test_a_declared_rate_raised_in_the_code_applies_at_the_next_worker_start(conn):
+    declare(conn, registry_with("1/h"))
+    enqueue(conn, "sms", 5)
+    assert claimed(conn, 0) == 1
+    assert claimed(conn, 1) == 0
+
+    declare(conn, registry_with("10/s"), owner="w2")
+    assert claimed(conn, 1) == 1, "not an hour after the last start"
+
+
 def test_an_operators_limit_wins_over_a_declared_rate_until_it_is_cleared(conn):
     declare(conn, registry_with("10/s"))
     pgqueue.set_limit(conn, type="sms", rate=1, per=60, burst=1)

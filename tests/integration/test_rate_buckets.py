@@ -87,6 +87,25 @@ def test_a_bucket_on_a_queue_spaces_the_starts_of_every_type_in_it(conn):
     assert claimed(conn, 0.5) == 1
 
 
+def test_a_raised_rate_applies_within_one_of_its_intervals_not_after_the_old_ones(conn):
+    enqueue(conn, "sms", 10)
+    pgqueue.set_limit(conn, type="sms", rate=1, per=3600, burst=1)
+    assert claimed(conn, 0) == 1
+    assert claimed(conn, 1) == 0, "the next start of 1 an hour is an hour away"
+
+    pgqueue.set_limit(conn, type="sms", rate=10, per=1, burst=1, now=at(1))
+    assert claimed(conn, 1.05) == 0
+    assert claimed(conn, 1.1) == 1, "due one new interval after the change"
+    assert claimed(conn, 1.2) == 1
+
+    # Lowered: the start already due at 1.3 keeps its time, the next waits a new interval.
+    pgqueue.set_limit(conn, type="sms", rate=1, per=60, burst=1, now=at(1.2))
+    assert claimed(conn, 1.3) == 1
+    assert claimed(conn, 2) == 0
+    assert claimed(conn, 61.2) == 0
+    assert claimed(conn, 61.3) == 1
+
+
 def test_a_rate_of_zero_with_a_burst_stops_its_tasks(conn):
     enqueue(conn, "sms", 3)
     pgqueue.set_limit(conn, type="sms", rate=0, burst=1)
