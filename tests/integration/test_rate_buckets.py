@@ -10,6 +10,7 @@ tests/acceptance/test_rate_limit_processes.py.
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -104,6 +105,52 @@ def test_a_raised_rate_applies_within_one_of_its_intervals_not_after_the_old_one
     assert claimed(conn, 2) == 0
     assert claimed(conn, 61.2) == 0
     assert claimed(conn, 61.3) == 1
+
+
+def test_claimers_whose_transactions_overlap_take_no_more_than_the_bucket_holds(database_url):
+    """Six claimers in threads, each serving a queue of its own where tasks of one bucketed
+    type wait, each claiming in its own transaction at the same instant, none committing
+    until all have claimed: together they start the burst and no more, since one claimer at a
+    time may take from a bucket (the limits lock); the others fill their batches with
+    ordinary work instead of waiting."""
+    claimers, batch = 6, 3
+    queues = [f"q{n}" for n in range(claimers)]
+    with psycopg.connect(database_url, autocommit=True) as setup:
+        for queue in queues:
+            pgqueue.enqueue_many(setup, [{"type": "sms", "queue": queue}] * batch)
+            pgqueue.enqueue_many(setup, [{"type": "report", "queue": queue}] * batch)
+        pgqueue.set_limit(setup, type="sms", rate=10, per=1, burst=2)
+    all_claimed = threading.Barrier(claimers + 1, timeout=60)
+    got: list[list[pgqueue.ClaimedTask]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(database_url, autocommit=True) as mine, mine.transaction():
+                tasks = pgqueue.claim(mine, [queues[n]], limit=batch, worker_id=f"t{n}", now=T0)
+                with lock:
+                    got.append(tasks)
+                all_claimed.wait()  # every claim made, none committed
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as exc:
+            errors.append(exc)
+            all_claimed.abort()
+
+    threads = [threading.Thread(target=claimer, args=(n,), daemon=True) for n in range(claimers)]
+    for t in threads:
+        t.start()
+    try:
+        all_claimed.wait()
+    except threading.BrokenBarrierError:
+        raise errors[0] if errors else AssertionError("a claimer got stuck") from None
+    finally:
+        for t in threads:
+            t.join(60)
+    starts = [t for tasks in got for t in tasks if t.type == "sms"]
+    assert len(starts) == 2, "the bucket's burst, across six overlapping claimers"
+    assert [len(tasks) for tasks in got] == [batch] * claimers
 
 
 def test_a_rate_of_zero_with_a_burst_stops_its_tasks(conn):
