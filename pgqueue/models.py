@@ -564,9 +564,13 @@ class Limit:
     """A fleet-wide limit on the tasks of one type or queue, enforced in the database.
 
     ``max_running``: at most this many run at once across every worker. ``rate_limit`` per
-    ``rate_period`` seconds: at most that many start in any window of that length (a sliding
-    window, not a fixed one). ``per_key_max_running``: at most this many run at once per
-    concurrency key (a task without a key is not held by it).
+    ``rate_period`` seconds: with ``rate_burst``, starts spaced evenly, one every
+    ``rate_period / rate_limit`` seconds and at most ``rate_burst`` at once (a token bucket);
+    without, at most ``rate_limit`` start in any window of that length (a sliding window,
+    which lets them start all at once). ``per_key_max_running``: at most this many run at once
+    per concurrency key (a task without a key is not held by it). ``declared_by``: the worker
+    that declared it from its code (a ``rate_limit`` on the task type's decorator); None: an
+    operator set it, and declarations leave it alone.
 
     The current use, as read: ``running`` and ``recent_starts``; ``keys_running``, how many
     keys have tasks running under the limit, and ``keys_at_cap``, how many of them have
@@ -585,6 +589,8 @@ class Limit:
     per_key_max_running: int | None = None
     keys_running: int = 0
     keys_at_cap: int = 0
+    rate_burst: int | None = None
+    declared_by: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

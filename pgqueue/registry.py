@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -36,7 +37,13 @@ from pgqueue.enqueue import check_name
 from pgqueue.errors import ValidationError
 from pgqueue.function_tasks import KeyRule, TaskFunction, declare
 from pgqueue.models import Priority, RetryPolicy
-from pgqueue.queries.task_types import TypeDeclaration
+from pgqueue.operations.checks import MAX_RATE
+from pgqueue.queries.task_types import RateDeclaration, TypeDeclaration
+
+# A rate limit as Celery writes it: starts per second, minute or hour ("10/m"; a bare number
+# is per second).
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_FORMAT = re.compile(r"\s*([0-9]+)\s*(?:/\s*([smh]))?\s*")
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -135,6 +142,43 @@ class Snooze(Exception):  # an outcome, not an error
         self.after = float(after)
 
 
+def rate_limit_of(rate_limit: str | int | None, burst: int | None) -> RateDeclaration | None:
+    """A decorator's ``rate_limit`` and ``rate_burst``, checked where the task type is
+    declared, so that a typo fails at import, not in a worker."""
+    if rate_limit is None:
+        if burst is not None:
+            raise ValidationError(
+                "rate_burst", "a burst spaces the starts of a rate: give rate_limit too"
+            )
+        return None
+    found = None if isinstance(rate_limit, bool) else _rate_parts(rate_limit)
+    if found is None or not 1 <= found[0] <= MAX_RATE:
+        raise ValidationError(
+            "rate_limit",
+            "must be starts per second, minute or hour, as 'N/s', 'N/m' or 'N/h' with N "
+            f"a whole number from 1 to {MAX_RATE} (e.g. '10/m'), not {rate_limit!r}",
+        )
+    if burst is None:
+        burst = 1
+    if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_RATE:
+        raise ValidationError(
+            "rate_burst",
+            f"must be an integer from 1 to {MAX_RATE} (starts at once), not {burst!r}",
+        )
+    return RateDeclaration(found[0], found[1], burst)
+
+
+def _rate_parts(rate_limit: object) -> tuple[int, float] | None:
+    if isinstance(rate_limit, int):
+        return rate_limit, 1.0
+    if not isinstance(rate_limit, str):
+        return None
+    match = _RATE_FORMAT.fullmatch(rate_limit)
+    if match is None:
+        return None
+    return int(match[1]), RATE_UNITS[match[2] or "s"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Handler:
     type: str
@@ -150,6 +194,8 @@ class Handler:
     # process task, how long after its timeout its child is killed (None: the worker's).
     executor: str | None = None
     hard_timeout: float | None = None
+    # Starts per period, spaced evenly (rate_limit="10/m"), declared as the type's limit.
+    rate_limit: RateDeclaration | None = None
 
     def executor_under(self, default: str) -> str:
         """Where this handler runs in a worker whose default executor is ``default``."""
@@ -179,6 +225,8 @@ class TaskRegistry:
         timeout: float | None = None,
         executor: str | None = None,
         hard_timeout: float | None = None,
+        rate_limit: str | int | None = None,
+        rate_burst: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of ``type``.
 
@@ -190,10 +238,17 @@ class TaskRegistry:
         ``"process"``; default: the worker's); in a child process the timeout raises
         :class:`~pgqueue.TimeLimitExceeded` in the handler, and ``hard_timeout`` seconds
         later (default: the worker's, 5 s) the child is killed.
+
+        ``rate_limit`` spaces the type's starts evenly across every worker: ``"10/m"`` (also
+        ``"N/s"``, ``"N/h"``, or a number per second, as Celery writes it) starts one every 6
+        s, and ``rate_burst`` (default 1) lets that many start at once after a quiet spell. A
+        worker writes it as the type's limit at start, unless an operator set a limit on the
+        type (``pgqueue limit set``), which wins; see :func:`pgqueue.set_limit`.
         """
         check_name("type", type)
         if timeout is not None and timeout <= 0:
             raise ValidationError("timeout", f"must be positive seconds, not {timeout}")
+        rate = rate_limit_of(rate_limit, rate_burst)
         policy = retry
         if max_attempts is not None:
             base = retry or RetryPolicy()
@@ -212,6 +267,7 @@ class TaskRegistry:
                 timeout=timeout,
                 executor=executor,
                 hard_timeout=hard_timeout,
+                rate_limit=rate,
             )
             return fn
 
@@ -237,6 +293,8 @@ class TaskRegistry:
         executor: str | None = None,
         hard_timeout: float | None = None,
         concurrency_key: KeyRule | None = None,
+        rate_limit: str | int | None = None,
+        rate_burst: int | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -253,6 +311,8 @@ class TaskRegistry:
         executor: str | None = None,
         hard_timeout: float | None = None,
         concurrency_key: KeyRule | None = None,
+        rate_limit: str | int | None = None,
+        rate_burst: int | None = None,
     ) -> Any:
         """Declare a function with ordinary parameters as a task type (``@tasks.task`` or
         ``@tasks.task(...)``); see pgqueue.function_tasks.TaskFunction for what it gains.
@@ -274,7 +334,11 @@ class TaskRegistry:
         overrides it for a call. It applies where the call is bound, to ``enqueue``,
         ``bind``, ``enqueue_many`` and ``s``: a submit by type name (``pgqueue.enqueue``, the
         CLI, HTTP) gives its key itself.
+
+        ``rate_limit`` (``"10/m"``) and ``rate_burst`` are :meth:`handler`'s: starts spaced
+        evenly across every worker, declared by the workers as the type's limit.
         """
+        rate = rate_limit_of(rate_limit, rate_burst)
 
         def register(f: Callable[..., Any]) -> TaskFunction[..., Any]:
             declared = declare(
@@ -302,6 +366,7 @@ class TaskRegistry:
                 parameters=decl.parameters,
                 executor=executor,
                 hard_timeout=hard_timeout,
+                rate_limit=rate,
             )
             return declared
 
@@ -316,9 +381,10 @@ class TaskRegistry:
 
     def declarations(self) -> list[TypeDeclaration]:
         """Each type with what it declares (retry policy, queue, priority, timeout, a function
-        task's parameters; None: nothing): what a worker records in pgqueue.task_types at
-        start, for enqueue to apply wherever a task is submitted and the CLI and the API to
-        check payloads against."""
+        task's parameters, a rate limit; None: nothing): what a worker records in
+        pgqueue.task_types at start, for enqueue to apply wherever a task is submitted and the
+        CLI and the API to check payloads against; and the rate limits, as the types' limits
+        (pgqueue.limits) where no operator set one."""
         return [
             TypeDeclaration(
                 type=h.type,
@@ -327,6 +393,7 @@ class TaskRegistry:
                 priority=h.priority,
                 timeout=h.timeout,
                 parameters=h.parameters,
+                rate_limit=h.rate_limit,
             )
             for h in (self._handlers[t] for t in self.types)
         ]

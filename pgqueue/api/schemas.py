@@ -587,6 +587,14 @@ class LimitIn(BaseModel):
         description="At most this many running at once per concurrency key (tasks without a "
         "key are not held by it).",
     )
+    burst: Annotated[int, Strict()] | None = Field(
+        None,
+        ge=1,
+        le=MAX_RATE,
+        description="With rate: starts spaced evenly, one every per_seconds / rate, and at "
+        "most this many at once (a token bucket). Null: a sliding window, at most rate starts "
+        "in any per_seconds window, all at once if they wait.",
+    )
 
 
 class LimitOut(BaseModel):
@@ -607,6 +615,14 @@ class LimitOut(BaseModel):
         "wait); 0 without a per-key part.",
     )
     updated_at: datetime | None
+    burst: int | None = Field(
+        None, description="The rate's burst (starts spaced evenly); null: a sliding window."
+    )
+    declared_by: str | None = Field(
+        None,
+        description="The worker that declared this limit from its code (a rate_limit on the "
+        "task type's decorator); null: set by an operator, which declarations never overwrite.",
+    )
 
     @classmethod
     def of(cls, limit: models.Limit) -> LimitOut:
@@ -622,6 +638,8 @@ class LimitOut(BaseModel):
             keys_running=limit.keys_running,
             keys_at_cap=limit.keys_at_cap,
             updated_at=limit.updated_at,
+            burst=limit.rate_burst,
+            declared_by=limit.declared_by,
         )
 
 

@@ -31,7 +31,9 @@ def _limit_dict(limit: LimitRow) -> dict[str, object]:
         "max_running": limit.max_running,
         "rate": limit.rate_limit,
         "per": limit.rate_period,
+        "burst": limit.rate_burst,
         "per_key_max_running": limit.per_key_max_running,
+        "declared_by": limit.declared_by,
         "running": limit.running,
         "recent_starts": limit.recent_starts,
         "keys_running": limit.keys_running,
@@ -43,7 +45,10 @@ def _limit_dict(limit: LimitRow) -> dict[str, object]:
 def _rate_text(limit: LimitRow) -> str:
     if limit.rate_limit is None or limit.rate_period is None:
         return MISSING
-    return f"{limit.rate_limit} per {show_duration(limit.rate_period)}"
+    rate = f"{limit.rate_limit} per {show_duration(limit.rate_period)}"
+    if limit.rate_burst is None:
+        return rate
+    return f"{rate}, burst {limit.rate_burst}"
 
 
 @group.command("set")
@@ -61,9 +66,19 @@ def limit_set(
     per: Annotated[
         float,
         typer.Option(
-            parser=parse_duration, metavar="DURATION", help="The rate's window (e.g. 1s, 1m)."
+            parser=parse_duration, metavar="DURATION", help="The rate's period (e.g. 1s, 1m)."
         ),
     ] = 1.0,
+    burst: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=ops.MAX_RATE,
+            help="Space the rate's starts evenly (one every --per / --rate), at most this many "
+            "at once. Without it, any --rate starts within a --per window, all at once if "
+            "they wait.",
+        ),
+    ] = None,
     per_key_max_running: Annotated[
         str | None,
         typer.Option(
@@ -74,7 +89,8 @@ def limit_set(
     ] = None,
 ) -> None:
     """Limit a task type (--type) or a queue (--queue) across the whole fleet, in the
-    database. The limit is set as a whole: a part left out is no limit of that kind."""
+    database. The limit is set as a whole: a part left out is no limit of that kind. It is
+    the operator's: a rate_limit the workers declare from their code never overwrites it."""
     with connection() as conn:
         limit = ops.set_limit(
             conn,
@@ -86,6 +102,7 @@ def limit_set(
             # Read as the library and the HTTP API read it: 2.0 is not a count, and the
             # range is the library's to say.
             per_key_max_running=parse_count(per_key_max_running, "--per-key-max-running"),
+            burst=burst,
         )
     parts = []
     if limit.max_running is not None:
@@ -120,7 +137,8 @@ def _keys_at_cap_text(limit: LimitRow) -> str:
 def limit_list() -> None:
     """Every limit, with the tasks running under it and its starts in the rate window. For a
     per-key limit (PER KEY), KEYS AT CAP says how many of the keys with tasks running under
-    it are at that cap: their next tasks wait for one of theirs to finish."""
+    it are at that cap: their next tasks wait for one of theirs to finish. SET BY is
+    operator, or the worker that declared the limit from its code (a rate_limit)."""
     with connection() as conn:
         limits = ops.list_limits(conn)
     human = (
@@ -132,6 +150,7 @@ def limit_list() -> None:
                 "RUNNING",
                 "RATE",
                 "STARTS IN WINDOW",
+                "SET BY",
                 "PER KEY",
                 "KEYS AT CAP",
             ],
@@ -143,6 +162,7 @@ def limit_list() -> None:
                     x.running,
                     _rate_text(x),
                     MISSING if x.rate_limit is None else x.recent_starts,
+                    "operator" if x.declared_by is None else x.declared_by,
                     MISSING if x.per_key_max_running is None else x.per_key_max_running,
                     _keys_at_cap_text(x),
                 ]

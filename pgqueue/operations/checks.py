@@ -96,10 +96,14 @@ def limit_target(type: str | None, queue: str | None) -> tuple[LimitKind, str]:
 
 
 def limit_values(
-    max_running: int | None, rate: int | None, per: float, per_key_max_running: int | None = None
-) -> tuple[int | None, int | None, float | None, int | None]:
-    """Validated (max_running, rate_limit, rate_period, per_key_max_running); at least one
-    limit must be given."""
+    max_running: int | None,
+    rate: int | None,
+    per: float,
+    per_key_max_running: int | None = None,
+    burst: int | None = None,
+) -> tuple[int | None, int | None, float | None, int | None, int | None]:
+    """Validated (max_running, rate_limit, rate_period, per_key_max_running, rate_burst); at
+    least one limit must be given, and a burst only with a rate."""
     for field, value, top in (
         ("max_running", max_running, MAX_RUNNING),
         ("rate", rate, MAX_RATE),
@@ -109,12 +113,19 @@ def limit_values(
             isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top
         ):
             raise ValidationError(field, f"must be an integer from 0 to {top}, not {value!r}")
+    if burst is not None:
+        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_RATE:
+            raise ValidationError(
+                "burst", f"must be an integer from 1 to {MAX_RATE} (starts at once), not {burst!r}"
+            )
+        if rate is None:
+            raise ValidationError("burst", "a burst spaces a rate's starts: give rate (and per)")
     if max_running is None and rate is None and per_key_max_running is None:
         raise ValidationError(
             "max_running", "give max_running, rate, per_key_max_running, or several"
         )
     period = check_seconds("per", per) if rate is not None else None
-    return max_running, rate, period, per_key_max_running
+    return max_running, rate, period, per_key_max_running, burst
 
 
 def retention_value(field: str, seconds: float | None) -> float | None:

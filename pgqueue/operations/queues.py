@@ -125,20 +125,29 @@ def set_limit(
     rate: int | None = None,
     per: float = 1.0,
     per_key_max_running: int | None = None,
+    burst: int | None = None,
     now: datetime | None = None,
 ) -> Op[Limit]:
     """Limit the tasks of one ``type`` (or one ``queue``) across every worker: at most
-    ``max_running`` at once, at most ``rate`` starts in any ``per``-second window, at most
+    ``max_running`` at once, at most ``rate`` starts per ``per`` seconds, at most
     ``per_key_max_running`` at once per concurrency key (so that one tenant's backlog cannot
     take every slot), or any of them together. The limit is set as a whole (a part left None
     is no limit of that kind) and is enforced in the database, so it holds however many
     worker processes and hosts run; claims obey it from the next one on. 0 stops the tasks
     (with ``per_key_max_running``, the tasks that have a key) without pausing the queue.
     ``max_running`` and ``per_key_max_running`` are integers from 0 to 1,000,000, ``rate``
-    from 0 to 10,000."""
+    from 0 to 10,000.
+
+    With ``burst`` (1 to 10,000), the rate's starts are spaced evenly: one every ``per /
+    rate`` seconds, and after a quiet spell at most ``burst`` at once (a token bucket of that
+    size). Without it, the rate is a sliding window: at most ``rate`` starts in any
+    ``per``-second window, which lets them all start at once. A limit set here is the
+    operator's: a ``rate_limit`` declared on the type's decorator never overwrites it."""
     kind, name = limit_target(type, queue)
-    values = limit_values(max_running, rate, per, per_key_max_running)
-    return queues.limit_set(kind, name, *values, now=now)
+    running, rate_limit, period, per_key, rate_burst = limit_values(
+        max_running, rate, per, per_key_max_running, burst
+    )
+    return queues.limit_set(kind, name, running, rate_limit, period, rate_burst, per_key, now=now)
 
 
 @operation

@@ -72,6 +72,10 @@ class LimitsProbe(NamedTuple):
     waiting: bool  # a task under one may be waiting in the probed queues
     keyed: bool = False  # a task with a concurrency key may be waiting in them
     locked: bool = False  # this transaction holds the limits lock (lock=True only)
+    buckets: bool = False  # some rate limit spaces its starts (a token bucket)
+    # After a claim round: seconds until an empty bucket holds a start again (None: none is
+    # empty, or no bucket); the claimer sleeps no longer than this.
+    rate_wait: float | None = None
 
 
 def limits_probe(queues: Sequence[str], *, lock: bool = False) -> Op[LimitsProbe]:
@@ -79,7 +83,7 @@ def limits_probe(queues: Sequence[str], *, lock: bool = False) -> Op[LimitsProbe
     the limits lock too (waited for if keyed tasks wait, tried if limited ones do)."""
     rows = yield Query("limits_probe", {"queues": list(queues), "lock": lock})
     row = rows[0]
-    return LimitsProbe(row["limited"], row["waiting"], row["keyed"], row["locked"])
+    return LimitsProbe(row["limited"], row["waiting"], row["keyed"], row["locked"], row["buckets"])
 
 
 def task_claim_keyed(
@@ -156,6 +160,9 @@ def claim_round(
         locked = lock[0]["locked"]
     if locked and probe.waiting:
         limited = yield Query("task_claim_limited", {**params, "limit": limit}, tuples=True)
+    if probe.buckets and probe.waiting:
+        wait = yield Query("limits_rate_wait", {"now": now, "locked": locked})
+        probe = probe._replace(rate_wait=wait[0]["seconds"])
     claimed = _claimed(limited)
     if len(limited) < limit and probe.keyed:
         slack = ROTATION_SLACK

@@ -106,6 +106,7 @@ def limit_set(
     max_running: int | None,
     rate_limit: int | None,
     rate_period: float | None,
+    rate_burst: int | None = None,
     per_key_max_running: int | None = None,
     now: datetime | None = None,
 ) -> Op[Limit]:
@@ -117,6 +118,7 @@ def limit_set(
             "max_running": max_running,
             "rate_limit": rate_limit,
             "rate_period": rate_period,
+            "rate_burst": rate_burst,
             "per_key_max_running": per_key_max_running,
             "now": now,
         },

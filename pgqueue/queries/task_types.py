@@ -13,6 +13,15 @@ from pgqueue.models import Priority, RetryPolicy
 from pgqueue.queries.driver import Op, Query, Row, dumps
 
 
+class RateDeclaration(NamedTuple):
+    """A rate limit declared on a task type's decorator (``rate_limit="10/m"``): ``rate``
+    starts per ``period`` seconds, spaced evenly, at most ``burst`` at once."""
+
+    rate: int
+    period: float
+    burst: int = 1
+
+
 class TypeDeclaration(NamedTuple):
     """What a worker records about one task type at its start (pgqueue.task_types): its retry
     policy, queue, priority and timeout (None: not declared), and a function task's
@@ -24,6 +33,7 @@ class TypeDeclaration(NamedTuple):
     priority: Priority | None = None
     timeout: float | None = None
     parameters: Mapping[str, Any] | None = None
+    rate_limit: RateDeclaration | None = None
 
 
 def task_types_declare(
@@ -33,7 +43,8 @@ def task_types_declare(
 ) -> Op[None]:
     """Record a registry's task types and what each declares (None: nothing), as ``owner``
     (a worker's id) at its start; enqueue reads them (task_insert), and the CLI and the API
-    check payloads against the parameters (task_type_parameters)."""
+    check payloads against the parameters (task_type_parameters). A declared rate limit
+    becomes the type's limit where no operator set one (task_types_declare_limits)."""
     decls = [d if isinstance(d, TypeDeclaration) else TypeDeclaration(*d) for d in declarations]
     policies = [d.retry for d in decls]
     yield Query(
@@ -49,6 +60,18 @@ def task_types_declare(
             "priorities": [None if d.priority is None else int(d.priority) for d in decls],
             "timeouts": [d.timeout for d in decls],
             "parameters": [None if d.parameters is None else dumps(d.parameters) for d in decls],
+            "now": now,
+        },
+    )
+    rates = [d.rate_limit for d in decls]
+    yield Query(
+        "task_types_declare_limits",
+        {
+            "owner": owner,
+            "types": [d.type for d in decls],
+            "rates": [r.rate if r else None for r in rates],
+            "periods": [r.period if r else None for r in rates],
+            "bursts": [r.burst if r else None for r in rates],
             "now": now,
         },
     )

@@ -111,9 +111,10 @@ RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attemp
           t.parents_pending IS NOT NULL AS has_parents, t.workflow_id, t.concurrency_key;
 
 -- name: limits_probe
--- Whether any limit exists, whether a task under one may be waiting in these queues, and
--- whether a task with a concurrency key is: one index probe per limit and queue (the type
--- index for a type, the claim index for a queue) and one per queue (the keyed claim index),
+-- Whether any limit exists (and any token bucket: a rate with a burst), whether a task under
+-- one may be waiting in these queues, and whether a task with a concurrency key is: one index
+-- probe per limit and queue (the type index for a type, the claim index for a queue) and one
+-- per queue (the keyed claim index),
 -- so a limit with nothing waiting costs a claimer this statement, not the limited claim.
 -- Each probe is a scalar subquery for the first task in index order: PostgreSQL drops ORDER
 -- BY and LIMIT inside EXISTS, and may then bet on a sequential scan finding a row early, and
@@ -126,6 +127,7 @@ RETURNING t.id, t.queue, t.type, t.payload, t.priority, t.attempts, t.max_attemp
 -- than running it).
 WITH probe AS MATERIALIZED (
 SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
+       EXISTS (SELECT 1 FROM pgqueue.limits WHERE rate_burst IS NOT NULL) AS buckets,
        EXISTS (SELECT 1
                  FROM pgqueue.limits AS l, unnest(%(queues)s::text[]) AS q(name)
                 WHERE (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL)
@@ -151,7 +153,7 @@ SELECT EXISTS (SELECT 1 FROM pgqueue.limits) AS limited,
                         ORDER BY t.priority, t.concurrency_key, t.created_at, t.id
                         LIMIT 1) IS NOT NULL) AS keyed
 )
-SELECT probe.limited, probe.waiting, probe.keyed,
+SELECT probe.limited, probe.buckets, probe.waiting, probe.keyed,
        CASE WHEN NOT %(lock)s THEN false
             WHEN probe.keyed THEN (
                 SELECT true FROM pg_advisory_xact_lock(hashtext('pgqueue.limits')::bigint),
@@ -182,9 +184,13 @@ SELECT true AS locked
 -- snapshot is taken after the lock, so it sees every claim the previous holder committed.
 -- room: how many more each limit allows now, the least of its free slots (max_running minus
 -- the tasks of its type or queue running now, expired leases included until swept) and the
+-- starts its rate allows now: with a burst (rate_burst), what its token bucket holds, one
+-- start every rate_period / rate_limit seconds and at most rate_burst at once; without, the
 -- starts left in its sliding window (recent_starts). Then, per queue served, the first tasks
 -- in claim order that some open limit covers and no full one blocks; each limit's share is
--- cut to its room by rank; what is claimed is appended to the rate limits' logs.
+-- cut to its room by rank; what is claimed is appended to the rate limits' logs and taken
+-- from their buckets (rate_next moves one interval per start, from now at the earliest, so
+-- a quiet spell saves up no more than the burst).
 -- Committed without waiting for the WAL flush, as task_claim is (a server crash may then
 -- forget a start in a rate limit's log as well).
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now,
@@ -197,8 +203,15 @@ room AS MATERIALIZED (
            least(l.max_running - (SELECT count(*) FROM running AS r
                                    WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
                                          = l.name),
-                 l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
-                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'),
+                 CASE WHEN l.rate_burst IS NULL THEN
+                      l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
+                                       WHERE s.at > clock.now - l.rate_period * interval '1 second')
+                      WHEN l.rate_limit = 0 THEN 0
+                      -- A bucket (rate_burst set): the starts it holds now, from rate_next,
+                      -- the time it would be full again (the generic cell rate algorithm).
+                      ELSE greatest(0, floor(l.rate_burst - extract(epoch FROM
+                               greatest(l.rate_next, clock.now) - clock.now)
+                               * l.rate_limit / l.rate_period))::integer END,
                  %(limit)s) AS room
       FROM pgqueue.limits AS l, clock
      -- A per-key limit alone does not ration the tasks without a key: they are ordinary.
@@ -312,11 +325,34 @@ logged AS (
        SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
                                   WHERE s.at > clock.now - (l.rate_period + 1) * interval '1 second'
                                   ORDER BY s.at)
-                           || array_fill(clock.now, ARRAY[started.n::integer])
+                           || array_fill(clock.now, ARRAY[started.n::integer]),
+           rate_next = CASE WHEN l.rate_burst IS NULL OR l.rate_limit = 0 THEN l.rate_next
+                            ELSE greatest(l.rate_next, clock.now) + started.n * l.rate_period
+                                 / l.rate_limit * interval '1 second' END
       FROM started, clock
      WHERE l.kind = started.kind AND l.name = started.name AND l.rate_limit IS NOT NULL
 )
 SELECT * FROM claimed;
+
+-- name: limits_rate_wait
+-- How long until a token bucket that is empty now holds a start again (seconds; NULL: none is
+-- empty, or no bucket), after task_claim_limited in the same transaction, so that it counts
+-- what that claim took. A worker sleeps no longer than this before its next claim: nothing
+-- announces a start coming due, and a poll at its usual interval would start far fewer than
+-- the rate allows. A claimer that did not get the limits lock (%(locked)s false) reads the
+-- buckets before the holder's claim commits: where one holds a start now, the holder is
+-- likely taking it, and the next is due within one interval.
+WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
+bucket AS (
+    SELECT l.rate_period / l.rate_limit AS interval_seconds,
+           extract(epoch FROM greatest(l.rate_next, clock.now) - clock.now)::float8
+               - (l.rate_burst - 1) * l.rate_period / l.rate_limit AS due_in
+      FROM pgqueue.limits AS l, clock
+     WHERE l.rate_burst IS NOT NULL AND l.rate_limit > 0
+)
+SELECT min(CASE WHEN due_in > 0 THEN due_in
+                WHEN NOT %(locked)s THEN interval_seconds END)::float8 AS seconds
+  FROM bucket;
 
 -- name: task_claim_keyed
 -- The fair claim, when tasks with a concurrency key wait in the served queues: after
@@ -352,8 +388,13 @@ room AS MATERIALIZED (
                                        WHERE r.status = 'running'
                                          AND CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END
                                              = l.name) END,
-                 l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
-                                  WHERE s.at > clock.now - l.rate_period * interval '1 second'))
+                 CASE WHEN l.rate_burst IS NULL THEN
+                      l.rate_limit - (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)
+                                       WHERE s.at > clock.now - l.rate_period * interval '1 second')
+                      WHEN l.rate_limit = 0 THEN 0
+                      ELSE greatest(0, floor(l.rate_burst - extract(epoch FROM
+                               greatest(l.rate_next, clock.now) - clock.now)
+                               * l.rate_limit / l.rate_period))::integer END)
                AS room
       FROM pgqueue.limits AS l, clock
 ),
@@ -556,7 +597,10 @@ logged AS (
        SET recent_starts = ARRAY(SELECT s.at FROM unnest(l.recent_starts) AS s(at)
                                   WHERE s.at > clock.now - (l.rate_period + 1) * interval '1 second'
                                   ORDER BY s.at)
-                           || array_fill(clock.now, ARRAY[started.n::integer])
+                           || array_fill(clock.now, ARRAY[started.n::integer]),
+           rate_next = CASE WHEN l.rate_burst IS NULL OR l.rate_limit = 0 THEN l.rate_next
+                            ELSE greatest(l.rate_next, clock.now) + started.n * l.rate_period
+                                 / l.rate_limit * interval '1 second' END
       FROM started, clock
      WHERE l.kind = started.kind AND l.name = started.name AND l.rate_limit IS NOT NULL
 )

@@ -271,19 +271,31 @@ ON CONFLICT (name) DO UPDATE
 RETURNING name, paused, paused_at, updated_at, completed_retention, dead_retention;
 
 -- name: limit_set
--- Set a limit as a whole (a NULL part is no limit of that kind). Claims obey it from the next
--- one on; the sliding log of recent starts is kept, so lowering a rate takes effect at once.
+-- Set a limit as a whole (a NULL part is no limit of that kind), as an operator: a limit the
+-- workers declared from their code (declared_by) becomes the operator's, which no
+-- declaration overwrites. Claims obey it from the next one on; the sliding log of recent
+-- starts and the bucket's state are kept, so lowering a rate takes effect at once (a bucket's
+-- from the start already due), and a bucket owes no more than it would empty under the new
+-- rate, so raising one takes effect within one new interval (not after the old rate's).
 -- Wakes idle workers, since a raised limit may free tasks for them.
 WITH saved AS (
     INSERT INTO pgqueue.limits AS l (kind, name, max_running, rate_limit, rate_period,
-                                     per_key_max_running, updated_at)
+                                     rate_burst, per_key_max_running, updated_at)
     VALUES (%(kind)s, %(name)s, %(max_running)s, %(rate_limit)s, %(rate_period)s,
-            %(per_key_max_running)s, coalesce(%(now)s::timestamptz, now()))
+            %(rate_burst)s, %(per_key_max_running)s, coalesce(%(now)s::timestamptz, now()))
     ON CONFLICT (kind, name) DO UPDATE
        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-           rate_period = excluded.rate_period,
-           per_key_max_running = excluded.per_key_max_running, updated_at = excluded.updated_at
-    RETURNING kind, name, max_running, rate_limit, rate_period, per_key_max_running, updated_at
+           rate_period = excluded.rate_period, rate_burst = excluded.rate_burst,
+           per_key_max_running = excluded.per_key_max_running, declared_by = NULL,
+           rate_next = CASE WHEN excluded.rate_burst IS NOT NULL AND excluded.rate_limit > 0
+                                 AND l.rate_next IS NOT NULL
+                            THEN least(l.rate_next, excluded.updated_at + excluded.rate_burst
+                                       * excluded.rate_period / excluded.rate_limit
+                                       * interval '1 second')
+                            ELSE l.rate_next END,
+           updated_at = excluded.updated_at
+    RETURNING kind, name, max_running, rate_limit, rate_period, rate_burst, per_key_max_running,
+              declared_by, updated_at
 )
 SELECT saved.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM saved;
 
@@ -297,15 +309,16 @@ SELECT removed.*, pg_notify('pgqueue', '*') IS NULL AS notified FROM removed;
 
 -- name: limit_list
 -- Every limit with what it is using now: tasks running under it (expired leases included
--- until swept), starts within its rate window, and how many concurrency keys have tasks
--- running under it and how many of those are at its per-key cap (their next tasks wait).
+-- until swept), starts within its rate period (a bucket's too), and how many concurrency
+-- keys have tasks running under it and how many of those are at its per-key cap (their next
+-- tasks wait); and whether an operator set it or a worker declared it (declared_by).
 -- All from the running tasks (the lease index: as many as the workers' slots), read once.
 WITH clock AS (SELECT coalesce(%(now)s::timestamptz, now()) AS now),
 running AS MATERIALIZED (
     SELECT type, queue, concurrency_key FROM pgqueue.tasks WHERE status = 'running'
 )
-SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.per_key_max_running,
-       l.updated_at,
+SELECT l.kind, l.name, l.max_running, l.rate_limit, l.rate_period, l.rate_burst,
+       l.per_key_max_running, l.declared_by, l.updated_at,
        (SELECT count(*) FROM running AS r
          WHERE CASE l.kind WHEN 'type' THEN r.type ELSE r.queue END = l.name) AS running,
        (SELECT count(*) FROM unnest(l.recent_starts) AS s(at)

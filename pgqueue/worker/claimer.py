@@ -68,6 +68,9 @@ SHORTFALL_RECHECK_SECONDS = 0.05
 POLL_AFTER_WORK = 0.02
 POLL_GROWTH = 1.5
 POLL_JITTER = 0.2
+# The shortest sleep before a rate limit's next start (claims a little past it, never a
+# busy loop on a bucket that is just about to refill).
+RATE_WAIT_FLOOR = 0.002
 # A claim and its start mark that took this share of the lease or more are checked: were the
 # leases taken back meanwhile (see Claimer._still_held)?
 LEASE_DOUBT = 0.5
@@ -110,6 +113,9 @@ class Claimer:
         self.starts = ClaimStarts(rescan, config.lease_seconds)
         self.rotation = KeyRotation()
         self._keyed = False  # keyed tasks waited at the last look
+        # Seconds until a rate limit's empty token bucket holds a start again, as the last
+        # claim round saw it (None: no bucket was empty): nothing announces that moment.
+        self._rate_wait: float | None = None
 
     async def run(self) -> None:
         cfg = self._config
@@ -131,7 +137,10 @@ class Claimer:
                 # as many keys as it may can leave tasks of keys further on.
                 self.polls.found()
                 continue
-            await self._sleep_or_wake(self.polls.after(len(claimed)))
+            sleep = self.polls.after(len(claimed))
+            if self._rate_wait is not None:
+                sleep = min(sleep, max(self._rate_wait, RATE_WAIT_FLOOR))
+            await self._sleep_or_wake(sleep)
 
     def free_slots(self) -> int:
         """Completions waiting to be written still hold leases: past one batch of them, they
@@ -235,6 +244,7 @@ class Claimer:
             "starts": starts,
         }
         now = time.monotonic()
+        self._rate_wait = None
         if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
             return await self._claim_round(conn, args, now)
         claimed = await arun(conn, task_claim(**args))
@@ -258,6 +268,7 @@ class Claimer:
         """What the last look found: with limits or keyed tasks, every claim looks again."""
         self._slots.limited, self._limits_checked = probe.limited or probe.keyed, now
         self._keyed = probe.keyed
+        self._rate_wait = probe.rate_wait
 
     async def _sleep_or_wake(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0015_concurrency_keys
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0016_rate_buckets
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -24,13 +24,17 @@ CREATE TABLE pgqueue.limits (
     rate_period double precision,
     recent_starts timestamp with time zone[] NOT NULL DEFAULT '{}'::timestamp with time zone[],
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
-    per_key_max_running integer
+    per_key_max_running integer,
+    rate_burst integer,
+    rate_next timestamp with time zone,
+    declared_by text
 );
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_kind_check CHECK ((kind = ANY (ARRAY['type'::text, 'queue'::text])));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_max_running_check CHECK ((max_running >= 0));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_per_key_check CHECK ((per_key_max_running >= 0));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_pkey PRIMARY KEY (kind, name);
+ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_rate_burst_check CHECK (((rate_burst IS NULL) OR ((rate_limit IS NOT NULL) AND ((rate_burst >= 1) AND (rate_burst <= 10000)))));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_rate_check CHECK ((((rate_limit IS NULL) = (rate_period IS NULL)) AND ((rate_limit >= 0) AND (rate_limit <= 10000)) AND (rate_period > (0)::double precision)));
 ALTER TABLE pgqueue.limits ADD CONSTRAINT limits_some_check CHECK (((max_running IS NOT NULL) OR (rate_limit IS NOT NULL) OR (per_key_max_running IS NOT NULL)));
 CREATE UNIQUE INDEX limits_pkey ON pgqueue.limits USING btree (kind, name);

@@ -39,8 +39,9 @@ async def list_limits(state: AppState) -> list[LimitOut]:
 )
 async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> LimitOut:
     """Limit a task type or a queue across every worker: at most ``max_running`` at once,
-    at most ``rate`` starts in any ``per_seconds`` window, and at most
-    ``per_key_max_running`` at once per concurrency key."""
+    ``rate`` starts per ``per_seconds`` (spaced evenly with a ``burst``, else in any window of
+    that length), and at most ``per_key_max_running`` at once per concurrency key. A limit
+    set here is the operator's: a rate_limit the workers declare never overwrites it."""
     type_, queue = _target(kind, name)
     async with state.connection() as conn:
         limit = await aio.set_limit(
@@ -51,6 +52,7 @@ async def set_limit(kind: Kind, name: str, body: LimitIn, state: AppState) -> Li
             rate=body.rate,
             per=body.per_seconds,
             per_key_max_running=body.per_key_max_running,
+            burst=body.burst,
         )
     return LimitOut.of(limit)
 
