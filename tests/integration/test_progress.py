@@ -165,6 +165,34 @@ def test_a_task_without_reports_shows_no_progress(
     )
 
 
+def test_the_readmes_function_task_reports_progress_and_a_waiter_reads_the_last(
+    conn: psycopg.Connection[Any], start_worker: Any
+) -> None:
+    tasks = pgqueue.TaskRegistry()
+    stored: list[Any] = []
+
+    def read(file: str) -> list[int]:
+        return list(range(250))
+
+    def store(row: int) -> None:
+        stored.append(row)
+
+    @tasks.task()
+    def import_rows(file: str, ctx: pgqueue.TaskContext) -> int:
+        rows = read(file)
+        for n, row in enumerate(rows, 1):
+            store(row)
+            ctx.set_progress({"done": n, "of": len(rows)})  # cheap: call it as often as you like
+        return len(rows)
+
+    task_id = import_rows.enqueue(conn, "rows.csv").id
+    conn.commit()
+    start_worker(tasks)
+    task = pgqueue.wait(conn, task_id, timeout=DEADLINE)
+    assert (task.status, task.result) == (pgqueue.TaskStatus.COMPLETED, 250)
+    assert task.progress == {"done": 250, "of": 250}
+
+
 # --- coalescing ------------------------------------------------------------------------------
 
 
