@@ -116,7 +116,8 @@ class TaskContext:
         latest, and the last one before the task's outcome. Kept on the task after it
         finishes, and on a retry until the next attempt reports. A report that is not a
         JSON object, or is too large, raises ValidationError here and stores nothing; a
-        report after the lease was lost is not written."""
+        report after the lease was lost is not written. ``ctx.progress`` holds the last
+        report accepted."""
         text = encode_progress(progress)
         self.progress = dict(progress)
         self._progress_json = text

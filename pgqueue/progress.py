@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -36,6 +37,22 @@ PROGRESS_INTERVAL = 0.5
 # How long the last report may hold up the task's outcome when the database is slow to
 # lend a connection: it is a report, not the outcome, and is dropped past this.
 FLUSH_TIMEOUT = 5.0
+# How many reports one worker writes at once, whatever number of tasks it runs: each write
+# borrows a handler connection for a moment, and the pool must not grow a connection per
+# running task for them. Two writers of ~1 ms each keep up with a thousand tasks' reports.
+CONCURRENT_WRITES = 2
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gate(loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
+    """The worker's (its event loop's) bound on progress writes at once."""
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(CONCURRENT_WRITES)
+    return gate
 
 
 def encode_progress(value: object) -> str:
@@ -136,9 +153,10 @@ class ProgressWriter:
             return
         self._written_at = self._loop.time()
         try:
-            pool = await self._pool()
-            async with pool.connection(timeout=FLUSH_TIMEOUT) as conn:
-                held = await arun(conn, task_progress(self._lease, text))
+            async with _gate(self._loop):
+                pool = await self._pool()
+                async with pool.connection(timeout=FLUSH_TIMEOUT) as conn:
+                    held = await arun(conn, task_progress(self._lease, text))
         except Exception as exc:  # a report is not worth failing the task for
             event(
                 "task.progress_not_written",

@@ -419,3 +419,36 @@ def test_a_workers_writer_stops_writing_once_its_lease_is_refused(
     assert writer.refused and writer.writes == 1  # tried once; nothing after the refusal
     assert writes(conn, task.id) == []
     assert pgqueue.get_task(conn, task.id).progress is None
+
+
+def test_many_tasks_reporting_at_once_borrow_at_most_two_connections_of_the_worker(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    conn.execute(COUNT_WRITES)
+    pgqueue.enqueue_many(conn, [{"type": "busy", "payload": {"n": i}} for i in range(20)])
+    claimed = pgqueue.claim(conn, ["default"], limit=20, worker_id="w")
+    assert len(claimed) == 20
+
+    async def report_all() -> dict[str, int]:
+        # The handler pool as the worker makes it: as large as its concurrency.
+        pool = psycopg_pool.AsyncConnectionPool(database_url, min_size=0, max_size=20, open=False)
+        await pool.open()
+
+        async def get_pool() -> psycopg_pool.AsyncConnectionPool[Any]:
+            return pool
+
+        loop = asyncio.get_running_loop()
+        try:
+            writers = [ProgressWriter(t.lease, get_pool, loop) for t in claimed]
+            for w in writers:
+                w.report('{"stage": "started"}')
+            await asyncio.gather(*(w.flush() for w in writers))
+            return dict(pool.get_stats())
+        finally:
+            await pool.close()
+
+    stats = asyncio.run(asyncio.wait_for(report_all(), DEADLINE))
+    assert stats["connections_num"] <= 2, stats  # not one per task
+    assert sorted(
+        r[0] for r in conn.execute("SELECT task_id FROM progress_writes").fetchall()
+    ) == sorted(t.id for t in claimed)
