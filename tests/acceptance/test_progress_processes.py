@@ -86,6 +86,7 @@ def test_a_child_handlers_reports_are_seen_while_it_runs_and_the_last_is_kept(
     assert task.result > 1000
     assert 2 <= len(stored) <= 2 + math.ceil(1.2 / PROGRESS_INTERVAL) + 1, stored
     assert stored[-1] == {"n": task.result}
+    print(f"\n{type_} in a child: {task.result} reports in 1.2 s, {len(stored)} writes")
 
 
 def test_a_child_handlers_last_report_commits_with_its_transactions_completion(

@@ -415,7 +415,7 @@ def test_a_workers_writer_stops_writing_once_its_lease_is_refused(
             await pool.close()
         return writer
 
-    writer = asyncio.run(asyncio.wait_for(report(), DEADLINE))
+    writer = asyncio.run(asyncio.wait_for(report(), 15))
     assert writer.refused and writer.writes == 1  # tried once; nothing after the refusal
     assert writes(conn, task.id) == []
     assert pgqueue.get_task(conn, task.id).progress is None
