@@ -471,7 +471,8 @@ class _ProgressSender:
     """A child's ``ctx.set_progress``: each report to the worker (which coalesces the
     database's writes), but at most one per CHILD_PROGRESS_INTERVAL, always the latest, so
     that a handler reporting in a tight loop cannot flood the worker's event loop; a report
-    held back is sent by a timer, and the last one by ``close`` before the outcome."""
+    held back is sent by a timer, and the last one by ``close`` before the outcome (when
+    the handler's code has ended, so that no interrupt can cut the message short)."""
 
     def __init__(self, send: Callable[[dict[str, Any]], None], task_id: str) -> None:
         self._send = send
@@ -489,10 +490,10 @@ class _ProgressSender:
             self._pending = progress_json
             if self._timer is not None:
                 return  # the timer sends the latest
-            wait = self._sent_at + CHILD_PROGRESS_INTERVAL - time.monotonic()
-            if wait <= 0:
-                self._send_pending()
-                return
+            # Sent by a timer's thread even when due now: the handler's thread is the main
+            # one, where a time limit or a cancel is raised, and an exception raised inside
+            # sendall would leave half a message on the stream.
+            wait = max(self._sent_at + CHILD_PROGRESS_INTERVAL - time.monotonic(), 0.0)
             self._timer = threading.Timer(wait, self._on_timer)
             self._timer.daemon = True
             self._timer.start()

@@ -67,3 +67,12 @@ def report_too_much(payload: dict[str, Any], ctx: TaskContext) -> str:
     ctx.set_progress({"done": 1})
     ctx.set_progress({"log": "x" * 5000})  # raises: the attempt fails, the report stays
     return "unreachable"
+
+
+@tasks.handler("report_until_limit", executor="process", timeout=1, hard_timeout=30, max_attempts=1)
+def report_until_limit(payload: dict[str, Any], ctx: TaskContext) -> int:
+    began, n = time.monotonic(), 0
+    while time.monotonic() - began < LONGEST:  # until the time limit is raised in here
+        n += 1
+        ctx.set_progress({"n": n, "note": "x" * 2000})
+    return n

@@ -21,6 +21,8 @@ from pgqueue.progress import PROGRESS_INTERVAL
 
 pytestmark = [pytest.mark.timeout(240)]
 
+HANDLERS = "progress_handlers:tasks"
+
 SIDE_TABLES = """
 CREATE TABLE go (task_id uuid NOT NULL);
 CREATE TABLE progress_writes (task_id uuid NOT NULL, progress jsonb,
@@ -63,7 +65,7 @@ def final(conn: psycopg.Connection[Any], task_id: uuid.UUID, workers: Workers) -
 def test_a_child_handlers_reports_are_seen_while_it_runs_and_the_last_is_kept(
     type_: str, database_url: str, db: psycopg.Connection[Any], workers: Workers
 ) -> None:
-    worker = workers.start(database_url, *FAST, registry="progress_handlers:tasks")
+    worker = workers.start(database_url, *FAST, registry=HANDLERS)
     task_id = pgqueue.enqueue(db, type_, {}).id
 
     seen = wait_until(
@@ -92,7 +94,7 @@ def test_a_child_handlers_reports_are_seen_while_it_runs_and_the_last_is_kept(
 def test_a_child_handlers_last_report_commits_with_its_transactions_completion(
     database_url: str, db: psycopg.Connection[Any], workers: Workers
 ) -> None:
-    workers.start(database_url, *FAST, registry="progress_handlers:tasks")
+    workers.start(database_url, *FAST, registry=HANDLERS)
     task_id = pgqueue.enqueue(db, "report_in_transaction", {}).id
     task = final(db, task_id, workers)
     assert (task.status, task.result) == (pgqueue.TaskStatus.COMPLETED, "shipped")
@@ -103,7 +105,7 @@ def test_a_child_handlers_last_report_commits_with_its_transactions_completion(
 def test_an_oversized_report_in_a_child_raises_in_the_handler_and_keeps_the_stored_one(
     database_url: str, db: psycopg.Connection[Any], workers: Workers
 ) -> None:
-    workers.start(database_url, *FAST, registry="progress_handlers:tasks")
+    workers.start(database_url, *FAST, registry=HANDLERS)
     task_id = pgqueue.enqueue(db, "report_too_much", {}).id
     task = final(db, task_id, workers)
     assert task.status is pgqueue.TaskStatus.FAILED
@@ -112,3 +114,18 @@ def test_an_oversized_report_in_a_child_raises_in_the_handler_and_keeps_the_stor
         "pgqueue.errors.ValidationError: progress: is 5011 bytes as stored"
     )
     assert task.progress == {"done": 1}
+
+
+def test_a_child_reporting_when_its_time_limit_strikes_is_recorded_timed_out_with_its_report(
+    database_url: str, db: psycopg.Connection[Any], workers: Workers
+) -> None:
+    worker = workers.start(database_url, *FAST, "--log-format", "json", registry=HANDLERS)
+    task_id = pgqueue.enqueue(db, "report_until_limit", {}).id
+    task = final(db, task_id, workers)
+    assert task.status is pgqueue.TaskStatus.FAILED
+    assert task.last_error is not None and task.last_error.startswith("timed out after 1")
+    assert task.progress is not None and task.progress["n"] > 0
+    # The limit was raised in the handler's code, never inside a message to the worker: the
+    # child finished its task and was not killed for a broken stream.
+    names = {e["event"] for e in worker.events()}
+    assert "worker.internal_error" not in names and "worker.child_died" not in names
