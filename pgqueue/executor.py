@@ -26,10 +26,13 @@ from pgqueue.arguments import UndecodableArgument
 from pgqueue.error_text import format_exception
 from pgqueue.errors import InvalidResult, LeaseLost
 from pgqueue.models import ClaimedTask, Parent
+from pgqueue.progress import ProgressSink, ProgressWriter, encode_progress
 from pgqueue.queries.driver import arun, run
-from pgqueue.queries.leased import task_complete
+from pgqueue.queries.leased import task_complete, task_progress
 from pgqueue.registry import Cancel, Handler, Retry, Snooze
 from pgqueue.result_encoding import encode_result
+
+_WRITER_MADE = threading.Lock()
 
 
 class TaskContext:
@@ -48,6 +51,9 @@ class TaskContext:
     A thread cannot be killed: a sync handler past its timeout (``timed_out``) runs on until
     it returns, holding its task (slot, lease) meanwhile; whatever it returns then, the
     attempt is recorded failed as timed out and its transaction rolled back.
+
+    ``set_progress({...})`` stores a small JSON object on the task for whoever watches it
+    (pgqueue.progress: bounded, coalesced, fenced by the lease).
     """
 
     @property
@@ -91,6 +97,40 @@ class TaskContext:
         # worker records the timeout only once the thread returns, and keeps the task's slot
         # and lease meanwhile (executor.Executor._run_sync_timed).
         self.overrunning_since: float | None = None
+        # The last report set_progress accepted (decoded, and as the JSON text to store), and
+        # where reports go: the worker's writer, made on the first report, or a child's
+        # channel to its worker (set by the child). The loop is the worker's, where the
+        # writer writes (None: made outside a loop, as a child and a test make it).
+        self.progress: dict[str, Any] | None = None
+        self._progress_json: str | None = None
+        self._progress_sink: ProgressSink | None = None
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    def set_progress(self, progress: dict[str, Any]) -> None:
+        """Report how far the task has got: a JSON object of at most 4 KiB as stored
+        (``pgqueue.progress.MAX_PROGRESS_BYTES``), shown by ``pgqueue status``, the HTTP task
+        view, a waiter's Task and the dashboard. Never blocks, from a sync or an async
+        handler: the worker writes at most one report per 0.5 s per task, always the
+        latest, and the last one before the task's outcome. Kept on the task after it
+        finishes, and on a retry until the next attempt reports. A report that is not a
+        JSON object, or is too large, raises ValidationError here and stores nothing; a
+        report after the lease was lost is not written. ``ctx.progress`` holds the last
+        report accepted."""
+        text = encode_progress(progress)
+        self.progress = dict(progress)
+        self._progress_json = text
+        sink = self._progress_sink
+        if sink is None:
+            if self._loop is None or self._async_pool is None:
+                return  # no worker to write it (a context made in a test): kept here only
+            with _WRITER_MADE:  # two handler threads' first reports: one writer
+                if self._progress_sink is None:
+                    self._progress_sink = ProgressWriter(self.lease, self._async_pool, self._loop)
+                sink = self._progress_sink
+        sink.report(text)
 
     def should_stop(self) -> bool:
         return self._stopped
@@ -318,11 +358,17 @@ class Executor:
                 f"no handler is registered for task type {task.type!r} in this worker "
                 f"(queue {task.queue!r})"
             )
-        if self.elsewhere is not None and self.elsewhere.takes(handler):
-            return await self.elsewhere.run(task, ctx, handler)
-        if handler.is_async:
-            return await self._run_async(task, ctx, handler)
-        return await self._run_sync(task, ctx, handler)
+        outcome: Outcome | None = None
+        try:
+            if self.elsewhere is not None and self.elsewhere.takes(handler):
+                outcome = await self.elsewhere.run(task, ctx, handler)
+            elif handler.is_async:
+                outcome = await self._run_async(task, ctx, handler)
+            else:
+                outcome = await self._run_sync(task, ctx, handler)
+        finally:
+            await _progress_after(ctx, outcome)
+        return outcome
 
     async def _run_async(self, task: ClaimedTask, ctx: TaskContext, handler: Handler) -> Outcome:
         scope: asyncio.Timeout | None = None
@@ -449,10 +495,26 @@ class Executor:
         return Failed(f"timed out after {timeout} s")
 
 
+async def _progress_after(ctx: TaskContext, outcome: Outcome | None) -> None:
+    """The handler has ended: its last progress report is written before its outcome is
+    (the worker writes that next), unless the outcome wrote it in the handler's own
+    transaction (Recorded), or there is no lease to write it under (Lost, or released at
+    shutdown: None)."""
+    writer = ctx._progress_sink
+    if not isinstance(writer, ProgressWriter):
+        return
+    if outcome is None or isinstance(outcome, Recorded | Lost):
+        await writer.discard()
+    else:
+        await writer.flush()
+
+
 def _commit_sync(ctx: TaskContext, outcome: Completed) -> Outcome:
     conn = ctx._conn
     assert conn is not None
     try:
+        if ctx._progress_json is not None:  # the last report, committed with the outcome
+            run(conn, task_progress(ctx.lease, ctx._progress_json))
         run(conn, task_complete(ctx.lease, outcome.result_json))
         conn.commit()
         return Recorded(outcome.result_json)
@@ -484,6 +546,8 @@ async def _commit_async(ctx: TaskContext, outcome: Completed) -> Outcome:
     conn = ctx._aconn
     assert conn is not None
     try:
+        if ctx._progress_json is not None:  # the last report, committed with the outcome
+            await arun(conn, task_progress(ctx.lease, ctx._progress_json))
         await arun(conn, task_complete(ctx.lease, outcome.result_json))
         await conn.commit()
         return Recorded(outcome.result_json)

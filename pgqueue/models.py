@@ -208,6 +208,10 @@ class Task:
     # The tenant it works for (account, customer): workers claim the keys of a queue in
     # turns, and per-key limits count by it. None: no key.
     concurrency_key: str | None = None
+    # The handler's last progress report (ctx.set_progress), kept after the task finishes
+    # and across retries until the next attempt reports; None: none yet, or a read that
+    # leaves it out (a list's summary).
+    progress: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Task:
@@ -242,6 +246,7 @@ class Task:
             parents_pending=row.get("parents_pending"),
             cancelled_by=row.get("cancelled_by"),
             concurrency_key=row.get("concurrency_key"),
+            progress=row.get("progress"),
         )
 
     @property

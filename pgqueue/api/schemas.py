@@ -239,6 +239,12 @@ class TaskOut(SubmitOut):
     snoozes: int = Field(
         0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
     )
+    progress: dict[str, Any] | None = Field(
+        None,
+        description="The handler's last progress report (ctx.set_progress: a JSON object of "
+        "at most 4 KiB), written at most every 0.5 s while it runs and kept once it finishes "
+        "and across retries until the next attempt reports; null: none yet.",
+    )
 
     # Issue 16: where the task sits in a workflow.
     workflow_id: uuid.UUID | None = Field(
@@ -281,6 +287,7 @@ class TaskOut(SubmitOut):
             last_error_summary=error.summary if error else None,
             last_error_traceback=error.traceback if error else None,
             snoozes=task.snoozes,
+            progress=task.progress,
             workflow_id=task.workflow_id,
             cancelled_by=task.cancelled_by,
             parents=[EdgeOut.of(p) for p in parents],
@@ -313,6 +320,12 @@ class TaskSummaryOut(SubmitOut):
     )
     snoozes: int = Field(
         0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
+    )
+    progress: dict[str, Any] | None = Field(
+        None,
+        description="The handler's last progress report (ctx.set_progress: a JSON object of "
+        "at most 4 KiB), written at most every 0.5 s while it runs and kept once it finishes "
+        "and across retries until the next attempt reports; null: none yet.",
     )
     workflow_id: uuid.UUID | None = Field(
         None, description="The workflow the task belongs to; null for a plain task."
@@ -354,6 +367,7 @@ class TaskSummaryOut(SubmitOut):
             last_error_summary=error.summary if error else None,
             last_error_traceback=error.traceback if error else None,
             snoozes=task.snoozes,
+            progress=task.progress,
             workflow_id=task.workflow_id,
             cancelled_by=task.cancelled_by,
             timeout_seconds=timeout_seconds,

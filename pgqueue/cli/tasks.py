@@ -53,6 +53,7 @@ def describe(task: Task) -> str:
     pairs += [
         ("payload", _json_text(task.payload, 1000)),
         ("result", MISSING if task.result is None else _json_text(task.result, 1000)),
+        *([("progress", _json_text(task.progress, 1000))] if task.progress is not None else []),
         *error_lines(task),
         ("created", timestamp(task.created_at)),
     ]

@@ -1160,6 +1160,20 @@
             ),
           )
         : null,
+      // The handler's progress report (ctx.set_progress), while it runs and after: the last one.
+      task.progress !== null && task.progress !== undefined
+        ? el(
+            "div",
+            { class: "panel", "data-panel": "progress" },
+            el("h3", {}, "Progress"),
+            el(
+              "p",
+              { class: "muted" },
+              task.status === "running" ? "reported by its handler, written at most every 0.5 s" : "its handler's last report",
+            ),
+            json("progress", task.progress),
+          )
+        : null,
       el("div", { class: "panel" }, el("h3", {}, "Payload"), json("payload", task.payload)),
       el("div", { class: "panel" }, el("h3", {}, "Result"), json("result", task.result)),
       el(

@@ -1,5 +1,6 @@
 """What the holder of a lease writes about its task: completed, failed, cancelled,
-snoozed, kept alive (heartbeat) or given back (release); and whether a cancel was asked.
+snoozed, kept alive (heartbeat), given back (release) or its progress; and whether a cancel
+was asked.
 
 Every statement here is fenced by the lease (the task's id and its lease token): a worker
 that lost its lease gets LeaseLost, or its task left out of the result, never a silent
@@ -159,6 +160,16 @@ def task_heartbeat(
         held={r["id"]: r["lease_expires_at"] for r in rows},
         cancel_requested={r["id"] for r in rows if r["cancel_requested"]},
     )
+
+
+def task_progress(lease: Lease, progress_json: str) -> Op[bool]:
+    """Store a handler's progress report (JSON text, encoded and bounded by
+    pgqueue.progress.encode_progress); False when the lease is no longer held (nothing
+    written)."""
+    rows = yield Query(
+        "task_progress", {"id": lease.task_id, "token": lease.token, "progress": progress_json}
+    )
+    return bool(rows)
 
 
 def task_cancel_requested(leases: Sequence[Lease]) -> Op[set[uuid.UUID]]:

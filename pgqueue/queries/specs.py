@@ -121,6 +121,7 @@ def _inserted(
             "parents_pending": None,
             "cancelled_by": None,
             "concurrency_key": spec.concurrency_key,
+            "progress": None,
         },
     )
 

@@ -60,6 +60,7 @@ class TaskSummary:
     parents_pending: int | None
     cancelled_by: uuid.UUID | None
     concurrency_key: str | None
+    progress: dict[str, Any] | None
     payload_stored_bytes: int
     result_stored_bytes: int | None
 

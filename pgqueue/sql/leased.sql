@@ -1,5 +1,5 @@
 -- What the holder of a lease writes about its task, each statement fenced by the lease:
--- complete, fail, cancel, snooze, heartbeat, release; and the one thing it reads, whether
+-- complete, fail, cancel, snooze, heartbeat, release, progress; and the one thing it reads, whether
 -- someone asked it to cancel (pgqueue/queries/leased.py).
 -- Each statement starts with "-- name: NAME" and a line saying why; the names are unique across
 -- the files of this directory (the loader refuses a duplicate). Parameters use psycopg's
@@ -182,6 +182,17 @@ UPDATE pgqueue.tasks AS t
   FROM clock, locked, v
  WHERE t.id = locked.id AND v.id = locked.id
 RETURNING t.id, t.cancel_requested, t.lease_expires_at;
+
+-- name: task_progress
+-- A handler's progress report (ctx.set_progress), written where the caller still holds the
+-- lease: a worker that lost its task writes nothing over its successor's. The row by its id
+-- alone, as task_complete says why. No index names the column: a HOT update when the page
+-- has room. The worker coalesces a handler's reports (pgqueue/progress.py), so this runs at
+-- most twice a second per running task.
+UPDATE pgqueue.tasks
+   SET progress = %(progress)s::jsonb
+ WHERE id = %(id)s AND lease_token = %(token)s  -- a token is only ever on a running task
+RETURNING id;
 
 -- name: task_cancel_requested
 -- Which of the caller's leased tasks someone asked to cancel: what a worker that hears no

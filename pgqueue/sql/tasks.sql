@@ -37,6 +37,7 @@ SELECT id, queue, type, priority, status, attempts, max_attempts, visible_after,
        idempotency_key, left(last_error, 8000) AS last_error, cancel_requested, lease_owner,
        lease_expires_at, created_at, started_at, finished_at, submitted_priority, ready_since,
        snoozes, expires_at, workflow_id, parents_pending, cancelled_by, concurrency_key,
+       progress,  -- a handler's report, at most 4 KiB (pgqueue/progress.py): read whole
        pg_column_size(payload) AS payload_stored_bytes,
        pg_column_size(result) AS result_stored_bytes
   FROM pgqueue.tasks

@@ -75,6 +75,7 @@ from pgqueue.worker.process_wire import (
     frame,
     outcome_message,
     packet,
+    progress_message,
     read_frame,
     task_from,
 )
@@ -82,6 +83,9 @@ from pgqueue.worker.process_wire import (
 PR_SET_PDEATHSIG = 1
 IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_GRACE_SECONDS = 2.0
+# A child sends its handler's progress reports to the worker at most this often (seconds);
+# the worker coalesces the database's writes further (pgqueue.progress.PROGRESS_INTERVAL).
+CHILD_PROGRESS_INTERVAL = 0.1
 # Spawn every child instead of forking it (for measuring, and for an application whose
 # imports do not survive a fork): what the server also does when it finds fork unsafe.
 ENV_CHILD_START = (
@@ -463,6 +467,58 @@ class _Current:
     job: asyncio.Task[Any] | None = None
 
 
+class _ProgressSender:
+    """A child's ``ctx.set_progress``: each report to the worker (which coalesces the
+    database's writes), but at most one per CHILD_PROGRESS_INTERVAL, always the latest, so
+    that a handler reporting in a tight loop cannot flood the worker's event loop; a report
+    held back is sent by a timer, and the last one by ``close`` before the outcome (when
+    the handler's code has ended, so that no interrupt can cut the message short)."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], task_id: str) -> None:
+        self._send = send
+        self._task_id = task_id
+        self._lock = threading.Lock()
+        self._pending: str | None = None
+        self._sent_at = -float("inf")
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def report(self, progress_json: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._pending = progress_json
+            if self._timer is not None:
+                return  # the timer sends the latest
+            # Sent by a timer's thread even when due now: the handler's thread is the main
+            # one, where a time limit or a cancel is raised, and an exception raised inside
+            # sendall would leave half a message on the stream.
+            wait = max(self._sent_at + CHILD_PROGRESS_INTERVAL - time.monotonic(), 0.0)
+            self._timer = threading.Timer(wait, self._on_timer)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _on_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._closed:
+                self._send_pending()
+
+    def _send_pending(self) -> None:
+        text, self._pending = self._pending, None
+        if text is not None:
+            self._sent_at = time.monotonic()
+            self._send(progress_message(self._task_id, text))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._send_pending()
+            self._closed = True
+
+
 class _TaskFields(logging.Filter):
     """Adds the running task's id, type and attempt to the log records of a child (as
     attributes, for ``%(task_id)s``, and as fields, which pgqueue's JSON format prints)."""
@@ -495,6 +551,7 @@ class Child:
         self._settings = settings
         self._parent = parent
         self._lock = threading.Lock()  # the current task, between the two threads
+        self._send_lock = threading.Lock()  # a progress timer's thread sends too
         self._read_lock = threading.Lock()  # who reads the socket: main, or reader (_running)
         self._running = False
         self._reading = threading.Event()
@@ -567,7 +624,8 @@ class Child:
 
     def _send(self, message: dict[str, Any]) -> None:
         try:
-            self._sock.sendall(frame(message))
+            with self._send_lock:
+                self._sock.sendall(frame(message))
         except OSError:
             _exit_now(0)  # the worker is gone
 
@@ -651,6 +709,8 @@ class Child:
             sync_pool=cast(Any, lambda: self._conn),
             async_pool=cast(Any, self._async_pool),
         )
+        progress = _ProgressSender(self._send, str(task.id))
+        ctx._progress_sink = progress
         current = _Current(task, ctx, message["timeout"])
         handler = self._registry.get(task.type)
         with self._lock:
@@ -669,6 +729,7 @@ class Child:
         finally:
             with self._lock:
                 self.current = None
+            progress.close()  # its last report reaches the worker before the outcome
         return task, outcome, current.timed_out
 
     async def _async_pool(self) -> _OwnAsyncConnection:

@@ -6,7 +6,8 @@ Two channels, both Unix socket pairs:
   bytes of UTF-8 JSON. The worker sends ``run`` (a task: its row as the claim returned it,
   the timeout, the trace context), ``stop`` (``should_stop()`` turns true; with reason
   ``cancel`` the handler is also interrupted) and ``exit``; the child sends ``ready`` once,
-  then one ``result`` per ``run`` (the outcome, as the executor's classes say it). A
+  then one ``result`` per ``run`` (the outcome, as the executor's classes say it), after any
+  ``progress`` (a handler's ``ctx.set_progress``, the worker writes it). A
   handler that succeeded having written through ``ctx.connection`` has its completion
   committed by the child in that transaction: the child first says ``committing`` and waits
   for the worker's ``commit``, sent once the worker counts the task's outcome as being
@@ -146,6 +147,15 @@ def task_from(message: dict[str, Any]) -> ClaimedTask:
             for p in message["parents"]
         ),
     )
+
+
+# --- a progress report, back ----------------------------------------------------------------
+
+
+def progress_message(task_id: str, progress_json: str) -> dict[str, Any]:
+    """A child handler's report; the worker checks it again (pgqueue.progress) and writes it,
+    coalesced, fenced by the task's lease."""
+    return {"op": "progress", "task_id": task_id, "progress": json.loads(progress_json)}
 
 
 # --- an outcome, back ----------------------------------------------------------------------

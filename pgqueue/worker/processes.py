@@ -46,7 +46,7 @@ import uuid
 from typing import Any, Protocol
 
 from pgqueue import log, tracing
-from pgqueue.errors import ConfigurationError
+from pgqueue.errors import ConfigurationError, ValidationError
 from pgqueue.executor import Cancelled, Failed, Lost, Outcome, TaskContext
 from pgqueue.log import event
 from pgqueue.models import ClaimedTask
@@ -465,6 +465,8 @@ class ProcessPool:
                         child.ready.set_result(None)
                 elif message["op"] == "committing":
                     self._committing(child, message["task_id"])
+                elif message["op"] == "progress":
+                    self._progress(child, message)
                 elif message["op"] == "result":
                     waiting, task = child.result, child.task
                     if (
@@ -482,6 +484,15 @@ class ProcessPool:
         finally:
             child.eof = True
             self._maybe_dead(child)
+
+    def _progress(self, child: ChildProcess, message: dict[str, Any]) -> None:
+        """A handler's progress report, for the worker's writer of its task (checked again
+        here: a child's word is not trusted); one that is not acceptable is dropped."""
+        task, ctx = child.task, child.ctx
+        if task is None or ctx is None or message["task_id"] != str(task.id):
+            return  # its task ended meanwhile
+        with contextlib.suppress(ValidationError):
+            ctx.set_progress(message["progress"])
 
     def _committing(self, child: ChildProcess, task_id: str) -> None:
         """The child is about to write its task's completion in the handler's transaction:

@@ -6,7 +6,7 @@
 
 CREATE SCHEMA pgqueue;
 
--- alembic revision in pgqueue.pgqueue_alembic_version: 0016_rate_buckets
+-- alembic revision in pgqueue.pgqueue_alembic_version: 0017_task_progress
 
 CREATE TABLE pgqueue.lease_starts (
     owner text NOT NULL,
@@ -154,7 +154,8 @@ CREATE TABLE pgqueue.tasks (
     parents_pending integer,
     cancelled_by uuid,
     has_dependants boolean,
-    concurrency_key text COLLATE "C"
+    concurrency_key text COLLATE "C",
+    progress jsonb
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1, autovacuum_vacuum_insert_scale_factor=0.01, autovacuum_vacuum_scale_factor=0.01, fillfactor=90);
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_attempts_check CHECK ((attempts >= 0));
 ALTER TABLE pgqueue.tasks ADD CONSTRAINT tasks_backoff_check CHECK (((backoff_base >= (0)::double precision) AND (backoff_factor >= (1)::double precision) AND (backoff_cap >= (0)::double precision)));
