@@ -241,7 +241,9 @@ def test_the_pgqueue_port_retries_the_mailer_runs_the_chord_and_a_delay_on_a_pgq
     schedules = wait_until(
         lambda: pgqueue.list_schedules(conn), timeout=30, what="the worker's schedules"
     )
-    assert [(s.name, s.type) for s in schedules] == [("nightly-report", "shop.nightly_report")]
+    assert [(s["name"], s["type"]) for s in schedules] == [
+        ("nightly-report", "shop.nightly_report")
+    ]
 
 
 # --- the move: call sites ---------------------------------------------------------------------
