@@ -464,3 +464,35 @@ def test_forwarded_messages_run_once_on_a_pgqueue_worker_while_celery_keeps_the_
         ("cy@flaky.example", "pgqueue"),
     ]
     assert [m["headers"]["id"] for m in queued_in_redis(broker)] == [ids["resize"]]
+
+
+def test_pgqueue_celery_forward_forwards_the_named_tasks_and_reports_in_json(
+    shop: Any, broker: Any, redis_url: str, database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    ids = produce_leftovers(shop, broker)
+    command = [sys.executable, "-m", "pgqueue", "--json", "celery", "forward", PORT]
+    command += ["--broker", redis_url, "--task", "shop.send_welcome", "--task", "shop.charge"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PGQUEUE_DATABASE_URL": database_url}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "forwarded": 4,
+        "duplicates": 1,
+        "expired": 0,
+        "refused": {},
+        "left": 1,
+    }
+    assert [m["headers"]["id"] for m in queued_in_redis(broker)] == [ids["resize"]]
+
+    # A Celery name that moved under another type's name; a message that cannot go: exit 1.
+    renamed = shop.celery.app.send_task("billing.charge_v1", args=[21, 5]).id
+    wrong = shop.celery.app.send_task("shop.charge", args=[1]).id
+    command = [sys.executable, "-m", "pgqueue", "--json", "celery", "forward", PORT, "--broker"]
+    command += [redis_url, "--task", "shop.charge", "--name", "billing.charge_v1=shop.charge"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["forwarded"], list(report["refused"])) == (1, [wrong])
+    assert "amount_cents" in report["refused"][wrong]
+    [task] = [t for t in tasks_of(conn, "shop.charge") if t.idempotency_key == renamed]
+    assert task.payload == {"order_id": 21, "amount_cents": 5}
