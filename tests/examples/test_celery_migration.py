@@ -496,3 +496,32 @@ def test_pgqueue_celery_forward_forwards_the_named_tasks_and_reports_in_json(
     assert "amount_cents" in report["refused"][wrong]
     [task] = [t for t in tasks_of(conn, "shop.charge") if t.idempotency_key == renamed]
     assert task.payload == {"order_id": 21, "amount_cents": 5}
+
+
+def test_a_following_forwarder_forwards_messages_sent_after_it_started_until_stopped(
+    shop: Any, broker: Any, redis_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    import threading
+
+    stop = threading.Event()
+    reports: list[Any] = []
+    follower = threading.Thread(
+        target=lambda: reports.append(
+            forward(shop, redis_url, follow=True, poll_interval=0.1, stop=stop)
+        )
+    )
+    follower.start()
+    try:
+        sent = shop.celery.charge.delay(31, 7).id  # a producer not moved yet, after the start
+        shop.celery.resize.delay(2, 50)
+        wait_until(
+            lambda: [t for t in tasks_of(conn, "shop.charge") if t.idempotency_key == sent],
+            timeout=30,
+            what="the follower to forward the charge",
+        )
+    finally:
+        stop.set()
+        follower.join(timeout=30)
+    assert not follower.is_alive()
+    assert (reports[0].forwarded, reports[0].left) == (1, 1)
+    assert [m["headers"]["task"] for m in queued_in_redis(broker)] == ["shop.resize"]
