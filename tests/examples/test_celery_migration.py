@@ -525,3 +525,19 @@ def test_a_following_forwarder_forwards_messages_sent_after_it_started_until_sto
     assert not follower.is_alive()
     assert (reports[0].forwarded, reports[0].left) == (1, 1)
     assert [m["headers"]["task"] for m in queued_in_redis(broker)] == ["shop.resize"]
+
+
+def test_a_moved_call_sites_result_times_out_as_pgqueue_and_raises_for_a_task_that_did_not_succeed(
+    shop: Any, conn: psycopg.Connection[Any]
+) -> None:
+    from pgqueue.contrib.celery import TaskFailed
+
+    result = shop.move.charge.delay(41, 3)
+    with pytest.raises(pgqueue.WaitTimeout):
+        result.get(timeout=0.3)  # no worker runs it
+    pgqueue.cancel(conn, uuid.UUID(result.id))
+    with pytest.raises(TaskFailed, match="cancelled") as raised:
+        result.get(timeout=10)
+    assert raised.value.task.status == "cancelled"
+    assert (result.status, result.ready(), result.successful()) == ("REVOKED", True, False)
+    assert result.get(timeout=10, propagate=False) is None  # no error stored: cancelled
