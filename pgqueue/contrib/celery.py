@@ -36,10 +36,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from pgqueue.arguments import check_arguments
-from pgqueue.errors import InvalidArgument, PgQueueError, ValidationError
+from pgqueue.enqueue import prepare
+from pgqueue.errors import DatabaseUnavailable, InvalidArgument, PgQueueError, ValidationError
 from pgqueue.function_tasks import TaskFunction
 from pgqueue.models import Priority, Task, TaskStatus
+from pgqueue.operations import enqueue_many
+from pgqueue.queries.specs import TaskSpec
 from pgqueue.registry import TaskRegistry
 
 log = logging.getLogger("pgqueue.contrib.celery")
@@ -439,10 +444,29 @@ class CeleryMessage:
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
-    """Where a moved Celery task goes: its pgqueue type and that type's parameters."""
+    """Where a moved Celery task goes: its pgqueue type and that type's parameters, and the
+    function task itself where the caller gave it (its declared concurrency key is then
+    computed from the arguments, as at any of its call sites)."""
 
     type: str
     parameters: Mapping[str, Any] | None
+    function: TaskFunction[..., Any] | None = None
+
+    def spec(self, message: CeleryMessage, registry: TaskRegistry) -> TaskSpec:
+        """The pgqueue task of this message, validated as any submit (arguments, size,
+        options), keyed by its Celery id; Unforwardable with pgqueue's reason if it cannot be."""
+        options: dict[str, Any] = {
+            "idempotency_key": message.id,
+            "run_at": message.eta,
+            "expires_at": message.expires,
+        }
+        try:
+            if self.function is not None:
+                return self.function.options(**options).bind(*message.args, **message.kwargs)
+            payload = self.payload(message)
+            return prepare(self.type, payload, **registry.enqueue_options(self.type, options))
+        except PgQueueError as exc:
+            raise Unforwardable(str(exc), task=message.task, id=message.id) from None
 
     def payload(self, message: CeleryMessage) -> dict[str, Any]:
         """Celery's args and kwargs by the function's parameter names, checked as any call of
@@ -493,13 +517,15 @@ class ForwardReport:
 def destinations(
     registry: TaskRegistry,
     names: Mapping[str, str] | None = None,
-    only: Iterable[str] | None = None,
+    only: Iterable[str | TaskFunction[..., Any]] | None = None,
 ) -> dict[str, Destination]:
     """The moved tasks by Celery name: every type in ``registry`` under its own name (name
     the port's tasks as Celery did, ``@tasks.task(name="shop.send_welcome")``), or only the
-    types ``only`` names (a port may be ahead of the move), and the Celery names ``names``
-    maps to a type of it."""
-    chosen = registry.types if only is None else list(only)
+    types ``only`` names or holds (a port may be ahead of the move), and the Celery names
+    ``names`` maps to a type of it."""
+    given = list(registry.types if only is None else only)
+    functions = {f.type: f for f in given if isinstance(f, TaskFunction)}
+    chosen = [f.type if isinstance(f, TaskFunction) else f for f in given]
     unknown = [t for t in chosen if registry.get(t) is None]
     if unknown:
         raise ValidationError(
@@ -511,7 +537,7 @@ def destinations(
     for type_ in chosen:
         handler = registry.get(type_)
         assert handler is not None  # one of its types
-        out[type_] = Destination(type_, handler.parameters)
+        out[type_] = Destination(type_, handler.parameters, functions.get(type_))
     for celery_name, type_ in (names or {}).items():
         handler = registry.get(type_)
         if handler is None:
@@ -522,6 +548,10 @@ def destinations(
             )
         out[celery_name] = Destination(type_, handler.parameters)
     return out
+
+
+# A message to take: with its task, or None when it expired (taken, and dropped).
+Taken = tuple[CeleryMessage, TaskSpec | None]
 
 
 class _Forwarder:
@@ -562,9 +592,7 @@ class _Forwarder:
                 taken += self._drain(key, held)
         return taken
 
-    def _recover(
-        self, raw: bytes, queue: str
-    ) -> tuple[CeleryMessage, Destination | None, dict[str, Any]] | None:
+    def _recover(self, raw: bytes, queue: str) -> Taken | None:
         """A message an earlier pass took: forwarded again, or, when it is no longer a moved
         task's (the registry changed in between), given back to the queue for Celery."""
         try:
@@ -574,12 +602,12 @@ class _Forwarder:
             self.give_back(keys=[FORWARDING.format(queue=queue), queue], args=[raw])
             return None
 
-    def _ready(self, raw: bytes) -> tuple[CeleryMessage, Destination | None, dict[str, Any]]:
+    def _ready(self, raw: bytes) -> Taken:
         message = CeleryMessage.parse(raw)
         destination = self.moved[message.task]
         if message.expires is not None and message.expires <= datetime.now(UTC):
-            return message, None, {}
-        return message, destination, destination.payload(message)
+            return message, None
+        return message, destination.spec(message, self.registry)
 
     def _drain(self, key: str, held: str) -> int:
         taken = 0
@@ -592,13 +620,13 @@ class _Forwarder:
             ready = [r for r in (self._check(raw) for raw in page) if r is not None]
             if not ready:
                 continue
-            flags = self.take(keys=[key, held], args=[m.raw for m, _, _ in ready])
+            flags = self.take(keys=[key, held], args=[m.raw for m, _ in ready])
             mine = [ready[int(i) - 1] for i in flags]
             start -= len(mine)  # the list got shorter in front of the next page
             taken += len(mine)
             self._commit(held, mine)
 
-    def _check(self, raw: bytes) -> tuple[CeleryMessage, Destination | None, dict[str, Any]] | None:
+    def _check(self, raw: bytes) -> Taken | None:
         """A message to take (with its destination and payload), or None: not a moved task's
         (left), or a moved task's that cannot be forwarded (left, and logged once)."""
         try:
@@ -636,35 +664,25 @@ class _Forwarder:
     def _commit(
         self,
         held: str,
-        ready: Iterable[tuple[CeleryMessage, Destination | None, dict[str, Any]]],
+        ready: Iterable[Taken],
     ) -> None:
         """Enqueue the taken messages in one transaction; only once it committed are they
         dropped from the forwarder's list."""
         ready = list(ready)
         if not ready:
             return
-        created = duplicates = expired = 0
+        specs = [spec for _, spec in ready if spec is not None]
+        for message, spec in ready:
+            if spec is None:
+                log.info("celery.forward.expired id=%s task=%s", message.id, message.task)
+        # One statement; a Celery id twice in the batch (a redelivery) is created once.
         with self.client.connection() as conn:
-            for message, destination, payload in ready:
-                if destination is None:
-                    expired += 1
-                    log.info("celery.forward.expired id=%s task=%s", message.id, message.task)
-                    continue
-                result = self.registry.enqueue(
-                    conn,
-                    destination.type,
-                    payload,
-                    idempotency_key=message.id,
-                    run_at=message.eta,
-                    expires_at=message.expires,
-                )
-                if result.created:
-                    created += 1
-                else:
-                    duplicates += 1
+            results = enqueue_many(conn, specs) if specs else []
+        created = sum(1 for r in results if r.created)
+        duplicates, expired = len(results) - created, len(ready) - len(specs)
         # Committed: now, and only now, the messages may go.
         with self.redis.pipeline() as pipe:
-            for message, _, _ in ready:
+            for message, _ in ready:
                 pipe.lrem(held, 1, message.raw)
             pipe.execute()
         self.report.forwarded += created
@@ -689,7 +707,7 @@ def forward(
     *,
     queues: Sequence[str] = ("celery",),
     names: Mapping[str, str] | None = None,
-    only: Iterable[str] | None = None,
+    only: Iterable[str | TaskFunction[..., Any]] | None = None,
     database_url: str | None = None,
     follow: bool = False,
     poll_interval: float = 1.0,
@@ -699,14 +717,16 @@ def forward(
     """Move the messages of moved tasks from Celery's Redis queues into pgqueue tasks.
 
     A message is moved when its Celery task name is a type of ``registry`` (or ``names``
-    maps it to one); ``only`` narrows the registry's types to those named. Its args and
-    kwargs become the function's arguments by parameter name, its eta the task's ``run_at``
-    (a countdown is an eta in the message), its expires the task's expiry, and its Celery id
-    the idempotency key: a message delivered twice, or forwarded again after a crash, gives
-    one task. Every other message is left in place.
+    maps it to one); ``only`` narrows the registry's types to those it names or holds (a
+    function task given is bound as at its call sites, its concurrency key included). Its
+    args and kwargs become the function's arguments by parameter name, its eta the task's
+    ``run_at`` (a countdown is an eta in the message), its expires the task's expiry, and
+    its Celery id the idempotency key: a message delivered twice, or forwarded again after
+    a crash, gives one task. Every other message is left in place.
 
     Without ``follow``, returns once a pass takes nothing; with it, passes every
-    ``poll_interval`` seconds until ``stop`` is set. ``database_url`` defaults to
+    ``poll_interval`` seconds until ``stop`` is set, riding out an unreachable broker or
+    database (logged, and tried again). ``database_url`` defaults to
     ``PGQUEUE_DATABASE_URL``.
     """
     try:
@@ -729,15 +749,28 @@ def forward(
     conn = redis.Redis.from_url(broker_url)
     with Client(database_url) as client:
         forwarder = _Forwarder(conn, client, registry, moved_tasks, queues, batch_size)
+        if not follow:
+            try:
+                while forwarder.run_pass():
+                    pass
+                return forwarder.report
+            finally:
+                conn.close()
+        outage = (redis.RedisError, DatabaseUnavailable, psycopg.OperationalError)
+        streak = 0
         try:
             while True:
-                taken = forwarder.run_pass()
-                if not follow and taken == 0:
+                try:
+                    forwarder.run_pass()
+                    streak = 0
+                except outage as exc:  # what was taken stays on the forwarder's list
+                    streak += 1
+                    log.warning("celery.forward.unavailable streak=%d error=%s", streak, exc)
+                # Backs off to 30 s while the broker or the database is away.
+                pause = min(30.0, poll_interval * 2 ** min(streak, 10))
+                if stop is not None and stop.wait(pause):
                     return forwarder.report
-                if follow:
-                    if stop is not None and stop.wait(poll_interval):
-                        return forwarder.report
-                    if stop is None:
-                        time.sleep(poll_interval)
+                if stop is None:
+                    time.sleep(pause)
         finally:
             conn.close()

@@ -335,21 +335,26 @@ def produce_leftovers(shop: Any, broker: Any) -> dict[str, str]:
 
 
 def forward(shop: Any, redis_url: str, **options: Any) -> Any:
+    """The forwarder of the shop mid-move: its moved tasks by name, unless ``only`` gives
+    them otherwise."""
     from pgqueue.contrib.celery import forward as forward_messages
 
-    return forward_messages(redis_url, shop.port.tasks, only=MOVED, **options)
+    options.setdefault("only", MOVED)
+    return forward_messages(redis_url, shop.port.tasks, **options)
 
 
+@pytest.mark.parametrize("given", ["by name", "as function tasks"])
 def test_the_forwarder_moves_the_moved_tasks_messages_into_pgqueue_once_each_and_leaves_the_rest(
-    shop: Any, broker: Any, redis_url: str, conn: psycopg.Connection[Any]
+    shop: Any, broker: Any, redis_url: str, conn: psycopg.Connection[Any], given: str
 ) -> None:
+    only = MOVED if given == "by name" else [shop.port.send_welcome, shop.port.charge]
     ids = produce_leftovers(shop, broker)
     eta = next(
         datetime.fromisoformat(m["headers"]["eta"])
         for m in queued_in_redis(broker)
         if m["headers"]["id"] == ids["charge"]
     )
-    report = forward(shop, redis_url)
+    report = forward(shop, redis_url, only=only)
     assert (report.forwarded, report.duplicates, report.left, report.refused) == (4, 1, 1, {})
 
     left = queued_in_redis(broker)
@@ -366,7 +371,7 @@ def test_the_forwarder_moves_the_moved_tasks_messages_into_pgqueue_once_each_and
     assert charge.visible_after == eta  # the countdown, as the eta Celery wrote
 
     # A second run (a forwarder restarted, Celery's redelivery after it): nothing doubles.
-    again = forward(shop, redis_url)
+    again = forward(shop, redis_url, only=only)
     assert (again.forwarded, again.duplicates, again.left) == (0, 0, 1)
     assert len(tasks_of(conn, "shop.send_welcome")) == 3
 
@@ -541,3 +546,36 @@ def test_a_moved_call_sites_result_times_out_as_pgqueue_and_raises_for_a_task_th
     assert raised.value.task.status == "cancelled"
     assert (result.status, result.ready(), result.successful()) == ("REVOKED", True, False)
     assert result.get(timeout=10, propagate=False) is None  # no error stored: cancelled
+
+
+def test_a_following_forwarder_rides_out_an_unreachable_database_and_keeps_the_messages(
+    shop: Any, broker: Any, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    sent = shop.celery.charge.delay(51, 9).id
+    with socket.socket() as s:  # a port nothing listens on: the database is down
+        s.bind(("127.0.0.1", 0))
+        down = f"postgresql://postgres@127.0.0.1:{s.getsockname()[1]}/postgres?connect_timeout=2"
+    stop = threading.Event()
+    reports: list[Any] = []
+    follower = threading.Thread(
+        target=lambda: reports.append(
+            forward(shop, redis_url, database_url=down, follow=True, poll_interval=0.05, stop=stop)
+        )
+    )
+    with caplog.at_level("WARNING", logger="pgqueue.contrib.celery"):
+        follower.start()
+        try:
+            wait_until(
+                lambda: "streak=2" in caplog.text,
+                timeout=60,
+                what="the follower to try a second time",
+            )
+            assert follower.is_alive()
+        finally:
+            stop.set()
+            follower.join(timeout=30)
+    assert not follower.is_alive() and reports[0].forwarded == 0
+    held = broker.lrange("celery", 0, -1) + broker.lrange("pgqueue:celery-forwarding:celery", 0, -1)
+    assert [json.loads(m)["headers"]["id"] for m in held] == [sent]
