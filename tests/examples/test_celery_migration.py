@@ -579,3 +579,23 @@ def test_a_following_forwarder_rides_out_an_unreachable_database_and_keeps_the_m
     assert not follower.is_alive() and reports[0].forwarded == 0
     held = broker.lrange("celery", 0, -1) + broker.lrange("pgqueue:celery-forwarding:celery", 0, -1)
     assert [json.loads(m)["headers"]["id"] for m in held] == [sent]
+
+
+def test_a_message_pgqueue_refuses_stays_in_redis_and_the_rest_of_its_batch_is_forwarded(
+    shop: Any,
+    broker: Any,
+    redis_url: str,
+    conn: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGQUEUE_MAX_PAYLOAD_BYTES", "2048")
+    big = shop.celery.send_welcome.delay(1, "x" * 4096 + "@example.com").id
+    small = [shop.celery.send_welcome.delay(i, f"u{i}@example.com").id for i in (2, 3)]
+    report = forward(shop, redis_url)
+    assert (report.forwarded, list(report.refused)) == (2, [big])
+    assert "2048" in report.refused[big]
+    assert sorted(t.idempotency_key or "" for t in tasks_of(conn, "shop.send_welcome")) == sorted(
+        small
+    )
+    assert [m["headers"]["id"] for m in queued_in_redis(broker)] == [big]
+    assert broker.llen("pgqueue:celery-forwarding:celery") == 0
