@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from pgqueue.cli.output import emit
 from pgqueue.cli.state import state
 from pgqueue.errors import ValidationError
+from pgqueue.function_tasks import TaskFunction
 
 group = typer.Typer(
     help="Moving from Celery: forward the moved tasks' messages from its broker into pgqueue.",
@@ -30,6 +31,24 @@ def _names(pairs: list[str]) -> dict[str, str]:
             )
         out[celery_name] = type_
     return out
+
+
+def _task(given: str) -> str | TaskFunction[..., Any]:
+    """A type name, or ``module:function``'s function task."""
+    if ":" not in given:
+        return given
+    import importlib
+
+    module_name, _, attr = given.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValidationError("--task", f"cannot import {given!r}: {exc}") from None
+    if not isinstance(found, TaskFunction):
+        raise ValidationError(
+            "--task", f"{given} is a {type(found).__name__}, not a function task (@tasks.task)"
+        )
+    return found
 
 
 @group.command("forward")
@@ -58,7 +77,9 @@ def celery_forward(
         list[str] | None,
         typer.Option(
             "--task",
-            help="Forward only this type of the registry (repeatable; default: every type).",
+            help="Forward only this type of the registry (repeatable; default: every type); "
+            "as module:function, the function task itself, whose declared concurrency key is "
+            "then computed from the arguments.",
         ),
     ] = None,
     name: Annotated[
@@ -102,7 +123,7 @@ def celery_forward(
         load(registry),
         queues=queue or ["celery"],
         names=_names(name or []),
-        only=task or None,
+        only=[_task(t) for t in task] if task else None,
         database_url=state.url(),
         follow=follow,
         poll_interval=poll_interval,

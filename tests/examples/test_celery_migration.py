@@ -476,7 +476,9 @@ def test_pgqueue_celery_forward_forwards_the_named_tasks_and_reports_in_json(
 ) -> None:
     ids = produce_leftovers(shop, broker)
     command = [sys.executable, "-m", "pgqueue", "--json", "celery", "forward", PORT]
-    command += ["--broker", redis_url, "--task", "shop.send_welcome", "--task", "shop.charge"]
+    # A type by name, and a function task (module:function) itself.
+    command += ["--broker", redis_url, "--task", "examples.celery_app.pgqueue_app:send_welcome"]
+    command += ["--task", "shop.charge"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PGQUEUE_DATABASE_URL": database_url}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
