@@ -334,14 +334,17 @@ SEP = "\x06\x16"
 # A taken message waits here until its pgqueue task is committed.
 FORWARDING = "pgqueue:celery-forwarding:{queue}"
 
-# Takes each message given (ARGV) out of the queue's list (KEYS[1]) onto the forwarder's
-# (KEYS[2]), atomically: a Celery worker gets it or the forwarder does, never both.
+# Takes each message given (ARGV[2:]) out of the queue's list (KEYS[1]) onto the
+# forwarder's (KEYS[2]), atomically: a Celery worker gets it or the forwarder does, never
+# both. ARGV[1] is LREM's count, 1 or -1: searched from the end nearer the messages, since
+# Redis runs nothing else meanwhile and a search is as long as the elements it passes.
 _TAKE = """
 local taken = {}
-for i, raw in ipairs(ARGV) do
-  if redis.call('LREM', KEYS[1], 1, raw) == 1 then
-    redis.call('LPUSH', KEYS[2], raw)
-    taken[#taken + 1] = i
+local from = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  if redis.call('LREM', KEYS[1], from, ARGV[i]) == 1 then
+    redis.call('LPUSH', KEYS[2], ARGV[i])
+    taken[#taken + 1] = i - 1
   end
 end
 return taken
@@ -620,7 +623,10 @@ class _Forwarder:
             ready = [r for r in (self._check(raw) for raw in page) if r is not None]
             if not ready:
                 continue
-            flags = self.take(keys=[key, held], args=[m.raw for m, _ in ready])
+            # In the list's back half, the messages are nearer its tail: search from there.
+            back = start > self.redis.llen(key) // 2
+            args = ["-1" if back else "1", *(m.raw for m, _ in ready)]
+            flags = self.take(keys=[key, held], args=args)
             mine = [ready[int(i) - 1] for i in flags]
             start -= len(mine)  # the list got shorter in front of the next page
             taken += len(mine)

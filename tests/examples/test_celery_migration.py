@@ -601,3 +601,24 @@ def test_a_message_pgqueue_refuses_stays_in_redis_and_the_rest_of_its_batch_is_f
     )
     assert [m["headers"]["id"] for m in queued_in_redis(broker)] == [big]
     assert broker.llen("pgqueue:celery-forwarding:celery") == 0
+
+
+def test_taking_moved_messages_behind_a_long_backlog_holds_redis_briefly(
+    shop: Any, broker: Any, redis_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    # Redis runs nothing else while the forwarder's script runs: each message it takes must
+    # be searched for from the list's end nearer it, not across the whole backlog.
+    sent = [shop.celery.charge.delay(i, 1).id for i in range(200)]  # the oldest, at the tail
+    shop.celery.resize.delay(1, 1)
+    other = broker.lpop("celery")
+    with broker.pipeline(transaction=False) as pipe:
+        for _ in range(40):
+            pipe.lpush("celery", *([other] * 1000))  # 40,000 newer messages, not moved
+        pipe.execute()
+    broker.config_resetstat()
+    report = forward(shop, redis_url, only=["shop.charge"])
+    assert (report.forwarded, report.left) == (200, 40_000)
+    keys = conn.execute("SELECT idempotency_key FROM pgqueue.tasks WHERE type = 'shop.charge'")
+    assert sorted(k for (k,) in keys.fetchall()) == sorted(sent)
+    took = broker.info("commandstats")["cmdstat_evalsha"]
+    assert took["usec_per_call"] < 50_000, took  # 50 ms; over 0.1 s a batch searched from the head
