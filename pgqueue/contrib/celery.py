@@ -93,6 +93,14 @@ class _Clients:
             self._clients[database_url] = (os.getpid(), client)
             return client
 
+    def close(self) -> None:
+        """Close this process's clients (a forked child's inherited ones are its parent's)."""
+        with self._lock:
+            held, self._clients = self._clients, {}
+        for pid, client in held.values():
+            if pid == os.getpid():
+                client.close()
+
 
 _clients = _Clients()
 

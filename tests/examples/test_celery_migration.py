@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import json
 import os
 import pickle
@@ -134,7 +135,8 @@ def shop(
     yield Shop
     from pgqueue.contrib import celery as contrib
 
-    contrib._clients = contrib._Clients()  # the next test has another database
+    contrib._clients.close()  # the next test has another database
+    gc.collect()  # Celery's results unsubscribe now, not at the interpreter's exit
 
 
 def queued_in_redis(broker: Any, queue: str = "celery") -> list[dict[str, Any]]:
@@ -178,19 +180,6 @@ def celery_worker(shop: Any, redis_url: str, database_url: str, tmp_path: Path) 
     proc.wait(timeout=10)
     if proc.returncode not in (0, -signal.SIGKILL):
         print(log.read_text()[-4000:])
-
-
-@pytest.fixture
-def workers(
-    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Workers]:
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    pool = Workers(tmp_path)
-    failed_before = request.session.testsfailed
-    yield pool
-    pool.kill_all()
-    if request.session.testsfailed > failed_before and pool.started:
-        print(f"\nworker logs of {request.node.nodeid}:\n{pool.describe()}")
 
 
 PORT = "examples.celery_app.pgqueue_app:tasks"
