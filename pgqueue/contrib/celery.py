@@ -229,6 +229,8 @@ class MovedTask:
         return self.celery_task(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "celery_task":  # not set yet (a copy being made): not the Celery task's
+            raise AttributeError(name)
         return getattr(self.celery_task, name)
 
     def __repr__(self) -> str:
