@@ -135,6 +135,12 @@ TREE = (
         "The embedded PostgreSQL used when no database URL is configured.",
         group=True,
     ),
+    Entry(
+        "celery",
+        "celery",
+        "Moving from Celery: forward the moved tasks' messages from its broker into pgqueue.",
+        group=True,
+    ),
 )
 
 
