@@ -42,6 +42,7 @@ from pgqueue.arguments import check_arguments
 from pgqueue.enqueue import prepare
 from pgqueue.errors import DatabaseUnavailable, InvalidArgument, PgQueueError, ValidationError
 from pgqueue.function_tasks import TaskFunction
+from pgqueue.handle import outcome
 from pgqueue.models import Priority, Task, TaskStatus
 from pgqueue.operations import enqueue_many
 from pgqueue.queries.specs import TaskSpec
@@ -105,16 +106,6 @@ class _Clients:
 _clients = _Clients()
 
 
-class TaskFailed(PgQueueError):
-    """A moved task's ``.get(propagate=True)``: the task ended failed (dead-lettered) or
-    cancelled; ``task`` is the stored task, its ``last_error`` the handler's exception."""
-
-    def __init__(self, task: Task) -> None:
-        error = task.last_error or "no error recorded"
-        super().__init__(f"task {task.id} ({task.type}) ended {task.status}: {error}")
-        self.task = task
-
-
 # pgqueue's statuses as Celery's states, for code that reads ``result.status``.
 CELERY_STATES = {
     TaskStatus.QUEUED: "PENDING",
@@ -173,7 +164,8 @@ class MovedResult:
         return self._refresh().status == TaskStatus.FAILED
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> Any:
-        """The task's result once it finished; ``TaskFailed`` if it failed or was cancelled
+        """The task's result once it finished; ``pgqueue.TaskFailed`` if it failed,
+        ``pgqueue.TaskWasCancelled`` if it was cancelled
         (with ``propagate=False``, the error text instead); ``pgqueue.WaitTimeout`` when
         ``timeout`` seconds pass first (None: wait as long as it takes, as Celery does)."""
         from pgqueue.errors import WaitTimeout
@@ -188,10 +180,8 @@ class MovedResult:
                 if timeout is not None:
                     raise
         self.task = task
-        if task.status == TaskStatus.COMPLETED:
-            return task.result
-        if propagate:
-            raise TaskFailed(task)
+        if task.status == TaskStatus.COMPLETED or propagate:
+            return outcome(task, propagate)  # pgqueue.TaskFailed, TaskWasCancelled
         return task.last_error
 
     def __repr__(self) -> str:
