@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         DatabaseUnavailable,
         DependencyCycle,
         DependencyError,
+        Fail,
         IdempotencyConflict,
         InvalidArgument,
         InvalidDatabaseURL,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
     from pgqueue.handle import TaskHandle
+    from pgqueue.hooks import ChildException, TaskFailure
     from pgqueue.models import (
         ClaimedTask,
         EnqueueResult,
@@ -164,6 +166,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "DatabaseUnavailable",
         "DependencyCycle",
         "DependencyError",
+        "Fail",
         "IdempotencyConflict",
         "InvalidArgument",
         "InvalidDatabaseURL",
@@ -192,6 +195,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "WorkflowWaitTimeout",
     ),
     "pgqueue.executor": ("TaskContext",),
+    "pgqueue.hooks": ("ChildException", "TaskFailure"),
     "pgqueue.function_tasks": ("TaskFunction",),
     "pgqueue.handle": ("TaskHandle",),
     "pgqueue.workflows": (
@@ -449,3 +453,6 @@ __all__ += [
 
 # The process executor: what a handler in a child process sees when it is told to stop.
 __all__ += ["TaskCancelled", "TaskInterrupted", "TimeLimitExceeded"]
+
+# Retry control and hooks: a handler's Fail, what the hooks are given.
+__all__ += ["ChildException", "Fail", "TaskFailure"]
