@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -124,6 +125,23 @@ _declare(
 )
 _declare("hook_raises", retry=pgqueue.RetryPolicy(2, base=0, cap=0))
 _declare("with_middleware", middleware=_marking("task"))
+
+
+def _overrun(payload: dict[str, Any], ctx: TaskContext) -> None:
+    """Runs past its timeout (a thread is told to stop; a child is interrupted)."""
+    deadline = time.monotonic() + 10
+    while not ctx.should_stop() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+for _executor in ("thread", "process"):
+    tasks.handler(
+        f"overrun.{_executor}",
+        executor=_executor,
+        timeout=0.3,
+        max_attempts=1,
+        retry_on=ConnectionError,
+    )(_overrun)
 
 
 def _run(
@@ -289,4 +307,17 @@ def test_middleware_wraps_the_call_registry_first_then_the_type(
         "<task",
         "<inner",
         "<outer",
+    ]
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_timeout_runs_the_hooks_without_an_exception_and_is_not_subject_to_retry_on(
+    database_url: str, conn: psycopg.Connection[Any], executor: str
+) -> None:
+    (task,) = _run(database_url, conn, [(f"overrun.{executor}", {})], hook_calls=2)
+    assert (task.status, task.attempts) == (pgqueue.TaskStatus.FAILED, 1)
+    assert task.last_error == "timed out after 0.3 s"
+    assert CALLS[task.id] == [
+        ("registry.on_failure", "dead", None),
+        ("registry.on_dead", "dead", None),
     ]
