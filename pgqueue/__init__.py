@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
         DatabaseUnavailable,
         DependencyCycle,
         DependencyError,
+        Fail,
         IdempotencyConflict,
         InvalidArgument,
         InvalidDatabaseURL,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:  # the names as mypy and editors see them; at run time, __geta
     from pgqueue.executor import TaskContext
     from pgqueue.function_tasks import TaskFunction
     from pgqueue.handle import AsyncResult, TaskHandle
+    from pgqueue.hooks import ChildException, TaskFailure
     from pgqueue.models import (
         ClaimedTask,
         EnqueueResult,
@@ -169,6 +171,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "DatabaseUnavailable",
         "DependencyCycle",
         "DependencyError",
+        "Fail",
         "IdempotencyConflict",
         "InvalidArgument",
         "InvalidDatabaseURL",
@@ -200,6 +203,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "pgqueue.executor": ("TaskContext",),
     "pgqueue.arguments": ("UndecodableArgument",),
+    "pgqueue.hooks": ("ChildException", "TaskFailure"),
     "pgqueue.function_tasks": ("TaskFunction",),
     "pgqueue.handle": ("AsyncResult", "TaskHandle"),
     "pgqueue.workflows": (
@@ -463,3 +467,6 @@ __all__ += ["AsyncResult", "TaskFailed", "TaskWasCancelled", "configure"]
 
 # A function task's typed arguments: a stored argument that cannot become its annotated type.
 __all__ += ["UndecodableArgument"]
+
+# Retry control and hooks: a handler's Fail, what the hooks are given.
+__all__ += ["ChildException", "Fail", "TaskFailure"]

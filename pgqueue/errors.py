@@ -221,6 +221,17 @@ class TaskCancelled(TaskInterrupted):
         super().__init__(reason)
 
 
+class Fail(Exception):  # an outcome, not an error of pgqueue's
+    """Raised by a handler to fail its task for good: the attempt is recorded failed with
+    ``reason`` and the task is dead-lettered at once, attempts left or not (a bad input, a
+    declined card: a retry would fail the same way). Unlike :class:`~pgqueue.Cancel`, the task
+    ends ``failed``, so it is listed, counted and replayable with the dead letters."""
+
+    def __init__(self, reason: str = "failed by the handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 # What a refused key reuse differs in.
 ComparedField = Literal["type", "queue", "payload", "concurrency_key"]
 

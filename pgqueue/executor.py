@@ -24,7 +24,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgqueue.arguments import UndecodableArgument
 from pgqueue.error_text import format_exception
-from pgqueue.errors import InvalidResult, LeaseLost
+from pgqueue.errors import Fail, InvalidResult, LeaseLost
+from pgqueue.hooks import NotRetried
 from pgqueue.models import ClaimedTask, Parent
 from pgqueue.progress import ProgressSink, ProgressWriter, encode_progress
 from pgqueue.queries.driver import arun, run
@@ -73,6 +74,8 @@ class TaskContext:
         self.type = task.type
         self.queue = task.queue
         self.attempt = task.attempts
+        # Celery's name for the count of earlier attempts (``attempt - 1``).
+        self.retries = task.attempts - 1
         self.max_attempts = task.max_attempts
         self.lease = task.lease
         self.lease_expires_at: datetime = task.lease_expires_at
@@ -192,11 +195,14 @@ class Recorded:
 class Failed:
     """A failed attempt: retried (after ``retry_after`` seconds, else the backoff) or
     dead-lettered when attempts are spent; ``dead`` dead-letters it at once, for a failure
-    that would only repeat (a result that cannot be stored)."""
+    that would only repeat (a result that cannot be stored, ``Fail``, an exception the
+    type's ``retry_on``/``no_retry_on`` do not retry). ``exception`` is what the handler
+    raised, for the worker's hooks (None: the attempt failed without one, a timeout)."""
 
     error: str
     retry_after: float | None = None
     dead: bool = False
+    exception: BaseException | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,14 +245,18 @@ def _encode_result(value: Any, task: ClaimedTask, limit: int | None) -> Complete
 
 def _from_exception(exc: BaseException) -> Outcome:
     if isinstance(exc, Retry):
-        return Failed(f"Retry: {exc}", retry_after=exc.after)
+        return Failed(f"Retry: {exc}", retry_after=exc.after, exception=exc)
     if isinstance(exc, Cancel):
         return Cancelled(str(exc) or "cancelled by handler")
     if isinstance(exc, Snooze):
         return Snoozed(exc.after, str(exc) or "snoozed")
     if isinstance(exc, UndecodableArgument):  # the payload never changes: no retry can work
-        return Failed(f"{type(exc).__name__}: {exc}", dead=True)
-    return Failed(describe(exc))
+        return Failed(f"{type(exc).__name__}: {exc}", dead=True, exception=exc)
+    if isinstance(exc, NotRetried):  # the handler's own error, noted with why: stored as usual
+        return Failed(describe(exc.error), dead=True, exception=exc.error)
+    if isinstance(exc, Fail):
+        return Failed(f"Fail: {exc.reason}", dead=True, exception=exc)
+    return Failed(describe(exc), exception=exc)
 
 
 class DaemonThreadPool:

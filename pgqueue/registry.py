@@ -12,7 +12,9 @@ vocabulary is closed:
 - raise :class:`Cancel`: the task is **cancelled**, never retried;
 - raise :class:`Snooze` (``after=`` seconds): queued again that much later, no attempt spent
   (bounded: see Snooze);
-- raise anything else: a failed attempt, retried with the type's backoff or dead-lettered.
+- raise :class:`~pgqueue.Fail`: a failed attempt, and the task is dead-lettered at once;
+- raise anything else: a failed attempt, retried with the type's backoff or dead-lettered
+  (``retry_on``/``no_retry_on`` choose which exceptions retry: pgqueue/hooks.py).
 
 Where a handler runs is its *executor*: ``"async"`` (on the worker's event loop: ``async
 def`` handlers), ``"thread"`` (the worker's thread pool: plain functions doing blocking I/O)
@@ -28,14 +30,24 @@ import dataclasses
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from pgqueue.cron import Cron, Interval, Schedule, zone
 from pgqueue.enqueue import check_name
-from pgqueue.errors import ValidationError
+from pgqueue.errors import Fail, TaskInterrupted, ValidationError
 from pgqueue.function_tasks import KeyRule, TaskFunction, declare
+from pgqueue.hooks import (
+    ExceptionClasses,
+    ExceptionTypes,
+    FailureOutcome,
+    Hook,
+    Middleware,
+    NotRetried,
+    exception_types,
+    not_retried_because,
+)
 from pgqueue.models import Priority, RetryPolicy
 from pgqueue.operations.checks import MAX_RATE
 from pgqueue.queries.task_types import RateDeclaration, TypeDeclaration
@@ -196,6 +208,14 @@ class Handler:
     hard_timeout: float | None = None
     # Starts per period, spaced evenly (rate_limit="10/m"), declared as the type's limit.
     rate_limit: RateDeclaration | None = None
+    # Which exceptions retry (None: all), which never do (pgqueue/hooks.py; ``fn`` applies
+    # them where it runs), and the type's own hooks and middleware (after the registry's).
+    retry_on: ExceptionClasses | None = None
+    no_retry_on: ExceptionClasses | None = None
+    on_failure: Hook | None = None
+    on_retry: Hook | None = None
+    on_dead: Hook | None = None
+    middleware: tuple[Middleware, ...] = ()
 
     def executor_under(self, default: str) -> str:
         """Where this handler runs in a worker whose default executor is ``default``."""
@@ -209,9 +229,23 @@ class Handler:
 class TaskRegistry:
     """Handlers by task type; the object a worker is started with (``module:registry``)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        on_failure: Hook | None = None,
+        on_retry: Hook | None = None,
+        on_dead: Hook | None = None,
+    ) -> None:
+        """``on_failure``, ``on_retry``, ``on_dead``: hooks for every type of the registry,
+        each called with a :class:`pgqueue.TaskFailure` (see pgqueue/hooks.py), before the
+        type's own."""
         self._handlers: dict[str, Handler] = {}
         self._schedules: dict[str, Schedule] = {}
+        self.on_failure = _hook("on_failure", on_failure)
+        self.on_retry = _hook("on_retry", on_retry)
+        self.on_dead = _hook("on_dead", on_dead)
+        self._middleware: list[Middleware] = []
+        self._async_middleware: list[Middleware] = []
         # Where a new process imports this registry from (``module:attribute``), when it is
         # known: set by load(); the process executor needs it to spawn its children.
         self.origin: str | None = None
@@ -227,6 +261,13 @@ class TaskRegistry:
         hard_timeout: float | None = None,
         rate_limit: str | int | None = None,
         rate_burst: int | None = None,
+        max_retries: int | None = None,
+        retry_on: ExceptionTypes | None = None,
+        no_retry_on: ExceptionTypes | None = None,
+        on_failure: Hook | None = None,
+        on_retry: Hook | None = None,
+        on_dead: Hook | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of ``type``.
 
@@ -244,11 +285,19 @@ class TaskRegistry:
         s, and ``rate_burst`` (default 1) lets that many start at once after a quiet spell. A
         worker writes it as the type's limit at start, unless an operator set a limit on the
         type (``pgqueue limit set``), which wins; see :func:`pgqueue.set_limit`.
+
+        ``max_retries`` is Celery's count (retries after the first attempt): it sets
+        ``max_attempts = max_retries + 1``; give one or the other. ``retry_on`` (retry only
+        these exceptions) and ``no_retry_on`` (never retry these) dead-letter an exception
+        that is not to be retried at once; ``on_failure``/``on_retry``/``on_dead`` and
+        ``middleware`` are this type's, run after the registry's (pgqueue/hooks.py).
         """
         check_name("type", type)
         if timeout is not None and timeout <= 0:
             raise ValidationError("timeout", f"must be positive seconds, not {timeout}")
         rate = rate_limit_of(rate_limit, rate_burst)
+        max_attempts = attempts_of(max_attempts, max_retries)
+        rules = _Rules.of(retry_on, no_retry_on, on_failure, on_retry, on_dead, middleware)
         policy = retry
         if max_attempts is not None:
             base = retry or RetryPolicy()
@@ -259,15 +308,17 @@ class TaskRegistry:
                 raise ValueError(f"task type {type!r} already has a handler")
             is_async = inspect.iscoroutinefunction(fn)
             check_executor(fn, is_async, executor, hard_timeout)
+            rules.check_middleware(fn, is_async)
             self._handlers[type] = Handler(
                 type=type,
-                fn=fn,
+                fn=self._wrap(fn, is_async, rules),
                 is_async=is_async,
                 retry=policy,
                 timeout=timeout,
                 executor=executor,
                 hard_timeout=hard_timeout,
                 rate_limit=rate,
+                **rules.fields(),
             )
             return fn
 
@@ -295,6 +346,13 @@ class TaskRegistry:
         concurrency_key: KeyRule | None = None,
         rate_limit: str | int | None = None,
         rate_burst: int | None = None,
+        max_retries: int | None = None,
+        retry_on: ExceptionTypes | None = None,
+        no_retry_on: ExceptionTypes | None = None,
+        on_failure: Hook | None = None,
+        on_retry: Hook | None = None,
+        on_dead: Hook | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> TaskDecorator: ...
 
     def task(
@@ -313,6 +371,13 @@ class TaskRegistry:
         concurrency_key: KeyRule | None = None,
         rate_limit: str | int | None = None,
         rate_burst: int | None = None,
+        max_retries: int | None = None,
+        retry_on: ExceptionTypes | None = None,
+        no_retry_on: ExceptionTypes | None = None,
+        on_failure: Hook | None = None,
+        on_retry: Hook | None = None,
+        on_dead: Hook | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> Any:
         """Declare a function with ordinary parameters as a task type (``@tasks.task`` or
         ``@tasks.task(...)``); see pgqueue.function_tasks.TaskFunction for what it gains.
@@ -337,8 +402,12 @@ class TaskRegistry:
 
         ``rate_limit`` (``"10/m"``) and ``rate_burst`` are :meth:`handler`'s: starts spaced
         evenly across every worker, declared by the workers as the type's limit.
+        ``max_retries``, ``retry_on``, ``no_retry_on``, ``on_failure``, ``on_retry``,
+        ``on_dead`` and ``middleware`` are :meth:`handler`'s too.
         """
         rate = rate_limit_of(rate_limit, rate_burst)
+        max_attempts = attempts_of(max_attempts, max_retries)
+        rules = _Rules.of(retry_on, no_retry_on, on_failure, on_retry, on_dead, middleware)
 
         def register(f: Callable[..., Any]) -> TaskFunction[..., Any]:
             declared = declare(
@@ -354,10 +423,11 @@ class TaskRegistry:
             if declared.type in self._handlers:
                 raise ValueError(f"task type {declared.type!r} already has a handler")
             check_executor(f, declared.is_async, executor, hard_timeout)
+            rules.check_middleware(f, declared.is_async)
             decl = declared.declaration()
             self._handlers[declared.type] = Handler(
                 type=declared.type,
-                fn=declared.handler(),
+                fn=self._wrap(declared.handler(), declared.is_async, rules),
                 is_async=declared.is_async,
                 retry=decl.retry,
                 timeout=timeout,
@@ -367,6 +437,7 @@ class TaskRegistry:
                 executor=executor,
                 hard_timeout=hard_timeout,
                 rate_limit=rate,
+                **rules.fields(),
             )
             return declared
 
@@ -374,6 +445,72 @@ class TaskRegistry:
 
     def get(self, type: str) -> Handler | None:
         return self._handlers.get(type)
+
+    # --- hooks and middleware (pgqueue/hooks.py) ---------------------------------------------
+
+    def middleware(self, fn: M) -> M:
+        """Wrap every handler call of this registry with ``fn(ctx, call)`` (a decorator;
+        registered first, outermost; before each type's own). A plain function wraps plain
+        handlers (``return call()``), an ``async def`` coroutine handlers (``return await
+        call()``). It runs where the handler runs: register it at import, with the tasks, so
+        that a child process has it too."""
+        if not callable(fn):
+            raise ValidationError("middleware", f"must be a function (ctx, call), not {fn!r}")
+        if inspect.iscoroutinefunction(fn):
+            self._async_middleware.append(fn)
+        else:
+            self._middleware.append(fn)
+        return fn
+
+    def hooks(self, handler: Handler | None, outcome: FailureOutcome) -> list[tuple[str, Hook]]:
+        """The hooks a failed attempt of ``handler``'s type calls, in order: on_failure (the
+        registry's, the type's), then on_retry or on_dead likewise."""
+        kinds = ["on_failure"]
+        if outcome == "retrying":
+            kinds.append("on_retry")
+        elif outcome == "dead":
+            kinds.append("on_dead")
+        out: list[tuple[str, Hook]] = []
+        for kind in kinds:
+            for owner in (self, handler):
+                hook = getattr(owner, kind, None) if owner is not None else None
+                if hook is not None:
+                    out.append((kind, hook))
+        return out
+
+    def _wrap(self, fn: Callable[..., Any], is_async: bool, rules: _Rules) -> Callable[..., Any]:
+        """``fn(payload, ctx)`` inside the registry's middleware (read at each call: one
+        registered after the task still applies) and the type's, with the type's retry rules
+        applied to what comes out."""
+        if is_async:
+
+            async def call_async(payload: Any, ctx: Any) -> Any:
+                chain = [*self._async_middleware, *rules.middleware]
+                try:
+                    if not chain:
+                        return await fn(payload, ctx)
+                    return await _through_async(chain, fn, payload, ctx)
+                except _UNCLASSIFIED:
+                    raise
+                except Exception as exc:
+                    rules.check(exc)
+                    raise
+
+            return call_async
+
+        def call(payload: Any, ctx: Any) -> Any:
+            chain = [*self._middleware, *rules.middleware]
+            try:
+                if not chain:
+                    return fn(payload, ctx)
+                return _through(chain, fn, payload, ctx)
+            except _UNCLASSIFIED:
+                raise
+            except Exception as exc:
+                rules.check(exc)
+                raise
+
+        return call
 
     @property
     def types(self) -> list[str]:
@@ -481,6 +618,117 @@ class TaskRegistry:
         from pgqueue.operations import enqueue
 
         return enqueue(conn, type, payload, **self.enqueue_options(type, options))
+
+
+M = TypeVar("M", bound=Middleware)
+
+# What a handler raises on purpose, and what the worker raises in it: never classified.
+_UNCLASSIFIED = (Retry, Cancel, Snooze, Fail, TaskInterrupted)
+
+
+def attempts_of(max_attempts: int | None, max_retries: int | None) -> int | None:
+    """``max_attempts``, or Celery's ``max_retries`` + 1 (the first run is not a retry)."""
+    if max_retries is None:
+        return max_attempts
+    if max_attempts is not None:
+        raise ValidationError(
+            "max_retries",
+            "give max_attempts or max_retries, not both (max_attempts = max_retries + 1)",
+        )
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ValidationError("max_retries", f"must be an integer >= 0, not {max_retries!r}")
+    return max_retries + 1
+
+
+def _hook(name: str, hook: Hook | None) -> Hook | None:
+    if hook is not None and not callable(hook):
+        raise ValidationError(name, f"must be a function taking a TaskFailure, not {hook!r}")
+    return hook
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rules:
+    """A type's retry rules, hooks and middleware, checked at decoration time."""
+
+    retry_on: tuple[type[Exception], ...] | None
+    no_retry_on: tuple[type[Exception], ...] | None
+    on_failure: Hook | None
+    on_retry: Hook | None
+    on_dead: Hook | None
+    middleware: tuple[Middleware, ...]
+
+    @classmethod
+    def of(
+        cls,
+        retry_on: ExceptionTypes | None,
+        no_retry_on: ExceptionTypes | None,
+        on_failure: Hook | None,
+        on_retry: Hook | None,
+        on_dead: Hook | None,
+        middleware: Sequence[Middleware],
+    ) -> _Rules:
+        for mw in middleware:
+            if not callable(mw):
+                raise ValidationError("middleware", f"must be functions (ctx, call), not {mw!r}")
+        return cls(
+            exception_types("retry_on", retry_on, _UNCLASSIFIED),
+            exception_types("no_retry_on", no_retry_on, _UNCLASSIFIED),
+            _hook("on_failure", on_failure),
+            _hook("on_retry", on_retry),
+            _hook("on_dead", on_dead),
+            tuple(middleware),
+        )
+
+    def check_middleware(self, fn: Callable[..., Any], is_async: bool) -> None:
+        for mw in self.middleware:
+            if inspect.iscoroutinefunction(mw) != is_async:
+                raise ValidationError(
+                    "middleware",
+                    f"{getattr(mw, '__qualname__', mw)} is "
+                    + ("async def" if not is_async else "a plain function")
+                    + f" and {getattr(fn, '__qualname__', fn)} is "
+                    + ("async def" if is_async else "a plain function")
+                    + ": a middleware wraps handlers of its own kind",
+                )
+
+    def check(self, exc: Exception) -> None:
+        """Raise NotRetried for an exception these rules do not retry (its note says why)."""
+        if self.retry_on is None and self.no_retry_on is None:
+            return
+        why = not_retried_because(exc, self.retry_on, self.no_retry_on)
+        if why is not None:
+            exc.add_note(why)
+            raise NotRetried(exc, why) from exc
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "retry_on": self.retry_on,
+            "no_retry_on": self.no_retry_on,
+            "on_failure": self.on_failure,
+            "on_retry": self.on_retry,
+            "on_dead": self.on_dead,
+            "middleware": self.middleware,
+        }
+
+
+def _through(chain: list[Middleware], fn: Callable[..., Any], payload: Any, ctx: Any) -> Any:
+    def at(i: int) -> Any:
+        if i == len(chain):
+            return fn(payload, ctx)
+        return chain[i](ctx, lambda: at(i + 1))
+
+    return at(0)
+
+
+async def _through_async(
+    chain: list[Middleware], fn: Callable[..., Any], payload: Any, ctx: Any
+) -> Any:
+    async def at(i: int) -> Any:
+        if i == len(chain):
+            return await fn(payload, ctx)
+        return await chain[i](ctx, lambda: at(i + 1))
+
+    return await at(0)
 
 
 def load(spec: str) -> TaskRegistry:

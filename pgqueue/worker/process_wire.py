@@ -6,10 +6,12 @@ Two channels, both Unix socket pairs:
   bytes of UTF-8 JSON. The worker sends ``run`` (a task: its row as the claim returned it,
   the timeout, the trace context), ``stop`` (``should_stop()`` turns true; with reason
   ``cancel`` the handler is also interrupted) and ``exit``; the child sends ``ready`` once,
-  then one ``result`` per ``run`` (the outcome, as the executor's classes say it), after any
-  ``progress`` (a handler's ``ctx.set_progress``, the worker writes it). A
-  handler that succeeded having written through ``ctx.connection`` has its completion
-  committed by the child in that transaction: the child first says ``committing`` and waits
+  then one ``result`` per ``run`` (the outcome, as the executor's classes say it; a failure
+  with the qualified name of the type of the exception the handler raised and its message,
+  for the worker's hooks, which get a ``ChildException`` in its place), after any
+  ``progress`` (a handler's ``ctx.set_progress``, the worker writes it). A handler that
+  succeeded having written through ``ctx.connection`` has its completion committed by the
+  child in that transaction: the child first says ``committing`` and waits
   for the worker's ``commit``, sent once the worker counts the task's outcome as being
   recorded (so that its heartbeat does not take the lease the commit clears for a lost one).
 - **worker <-> fork server**, datagrams (``SOCK_SEQPACKET``: one JSON object each, no length
@@ -41,9 +43,11 @@ from pgqueue.executor import (
     Recorded,
     Snoozed,
 )
+from pgqueue.hooks import ChildException, qualified_name
 from pgqueue.models import ClaimedTask, Parent, Priority, TaskStatus
 
 HEADER = struct.Struct(">I")
+MAX_EXCEPTION_MESSAGE = 2000  # what a failure's exception message carries (the error has all)
 MAX_MESSAGE = 1 << 30  # a sanity bound on the length word: a corrupt stream fails, not allocates
 
 
@@ -173,6 +177,11 @@ def outcome_message(task_id: uuid.UUID, outcome: Outcome, *, timed_out: bool) ->
             retry_after=outcome.retry_after,
             dead=outcome.dead,
         )
+        if outcome.exception is not None:  # for the worker's hooks: its type and message
+            out["exception"] = {
+                "type": qualified_name(type(outcome.exception)),
+                "message": str(outcome.exception)[:MAX_EXCEPTION_MESSAGE],
+            }
     elif isinstance(outcome, Cancelled):
         out.update(outcome="cancelled", reason=outcome.reason)
     elif isinstance(outcome, Snoozed):
@@ -189,7 +198,9 @@ def outcome_from(message: dict[str, Any]) -> Outcome:
     if kind == "recorded":
         return Recorded(message["result_json"])
     if kind == "failed":
-        return Failed(message["error"], message["retry_after"], message["dead"])
+        raised = message.get("exception")
+        exception = None if raised is None else ChildException(raised["type"], raised["message"])
+        return Failed(message["error"], message["retry_after"], message["dead"], exception)
     if kind == "cancelled":
         return Cancelled(message["reason"])
     if kind == "snoozed":

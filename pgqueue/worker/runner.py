@@ -32,6 +32,7 @@ from pgqueue.executor import (
     Snoozed,
     TaskContext,
 )
+from pgqueue.hooks import FailureOutcome, TaskFailure, run_hooks
 from pgqueue.log import event, logger
 from pgqueue.models import ClaimedTask, FailOutcome, FailResult, Lease
 from pgqueue.queries.driver import arun
@@ -262,7 +263,14 @@ class Runner:
         summary = split_error(outcome.error).headline or "error"
         if result is None or result is False:
             event("task.lease_lost", logging.WARNING, **fields, error=summary)
-        elif result.outcome is FailOutcome.CANCELLED:
+            return  # nothing was written: no hook runs (the task is someone else's now)
+        self._log_failure(task, result, fields, summary)
+        await self._call_hooks(task, outcome, result)
+
+    def _log_failure(
+        self, task: ClaimedTask, result: FailResult, fields: dict[str, Any], summary: str
+    ) -> None:
+        if result.outcome is FailOutcome.CANCELLED:
             self.processed += 1
             event("task.cancelled", **fields, reason="cancellation requested", error=summary)
         elif result.outcome is FailOutcome.DEAD:
@@ -281,6 +289,33 @@ class Runner:
                 retry_in_s=round(max(wait, 0), 2),
                 error=summary,
             )
+
+    async def _call_hooks(self, task: ClaimedTask, outcome: Failed, result: FailResult) -> None:
+        """The registry's and the type's hooks for a failed attempt, once it is written
+        (pgqueue/hooks.py): nothing they do or raise changes the outcome. The task is still
+        marked ``recording`` meanwhile, so its heartbeat and cancels leave it be."""
+        kind: FailureOutcome = (
+            "dead"
+            if result.outcome is FailOutcome.DEAD
+            else "cancelled"
+            if result.outcome is FailOutcome.CANCELLED
+            else "retrying"
+        )
+        hooks = self._registry.hooks(self._registry.get(task.type), kind)
+        if not hooks:
+            return
+        failure = TaskFailure(
+            task_id=task.id,
+            type=task.type,
+            queue=task.queue,
+            attempt=task.attempts,
+            max_attempts=task.max_attempts,
+            exception=outcome.exception,
+            error=outcome.error,
+            outcome=kind,
+            retry_at=result.retry_at,
+        )
+        await run_hooks(hooks, failure)
 
 
 def _subject(task: ClaimedTask) -> dict[str, Any]:
