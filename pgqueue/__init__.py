@@ -436,16 +436,16 @@ __all__ = [
     "wait",
 ]
 
-# Issue 15, part C: a handler's Snooze, and what records it; the expiry pass.
+# A handler's Snooze, and what records it; the expiry pass.
 __all__ += ["Snooze", "SnoozeResult", "expire", "snooze"]
 
-# Issue 16: dependencies between tasks.
+# Dependencies between tasks.
 __all__ += ["DependencyCycle", "DependencyError", "Parent", "UnknownParent", "children", "parents"]
 
-# Issue 16: workflows (chain, group, chord of steps).
+# Workflows (chain, group, chord of steps).
 __all__ += ["Chain", "Chord", "Group", "Step", "WorkflowHandle", "chain", "chord", "group", "step"]
 
-# Issue 16: operating workflows (status, cancel, wait).
+# Operating workflows (status, cancel, wait).
 __all__ += [
     "WorkflowCancelled",
     "WorkflowFailed",

@@ -153,7 +153,7 @@ class Client:
     sweep_expired = _in_transaction(operations.sweep_expired)
     prune = _in_transaction(operations.prune)
 
-    # Waiting for a result (issue 15).
+    # Waiting for a result.
     def wait(
         self,
         task_id: uuid.UUID | str,

@@ -1,4 +1,4 @@
-"""Checking a batch's dependencies before anything is written (issue 16): pure functions.
+"""Checking a batch's dependencies before anything is written: pure functions.
 
 A task's ``depends_on`` names its parents: task ids, or tasks of the same enqueue_many batch.
 Refused here, before any SQL: the task itself, a parent named twice, more than

@@ -296,7 +296,7 @@ def prepare(
     ``queue`` and ``priority`` left out (None) stay "not given" up to the insert, which takes
     the type's declared ones (pgqueue.task_types), else 'default' and normal.
 
-    ``depends_on`` (issue 16): the task waits until these tasks (ids, handles, or prepared
+    ``depends_on``: the task waits until these tasks (ids, handles, or prepared
     tasks of the same batch) are final; ``on_parent_failure`` "cancel" (it is cancelled when
     one fails or is cancelled) or "run" (a clean-up step: it runs once all are final).
     ``workflow_id``: the workflow it belongs to.
@@ -440,7 +440,7 @@ def _workflow_id(value: object) -> uuid.UUID:
 
 
 def _aware(field: str, value: object) -> datetime:
-    """An aware datetime, in UTC, as run_at is checked above (issue 15: for expires_at)."""
+    """An aware datetime, in UTC, as run_at is checked above (for expires_at)."""
     if not isinstance(value, datetime):
         raise ValidationError(field, f"must be a datetime, not {value.__class__.__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
@@ -457,7 +457,7 @@ def _expiry(
     run_at: datetime | None,
     delay: float,
 ) -> tuple[datetime | None, float | None]:
-    """The expiry (issue 15) as (expires_at, expires_in), checked: one of the two at most, in
+    """The expiry as (expires_at, expires_in), checked: one of the two at most, in
     the future, and after the task's run time (it would expire before it could start). The
     times compare with this machine's clock; expires_in counts from the server's at the
     insert, as delay does."""

@@ -75,8 +75,8 @@ class ResultTooLarge(InvalidResult):
 
 
 class InvalidArgument(InvalidPayload):
-    """A function task's argument is missing, unknown, not JSON or of the wrong JSON type
-    (issue 15); ``argument`` names it, and the message is the same at every boundary:
+    """A function task's argument is missing, unknown, not JSON or of the wrong JSON type;
+    ``argument`` names it, and the message is the same at every boundary:
     ``payload: argument 'order_id' is missing``."""
 
     def __init__(self, argument: str, message: str) -> None:
@@ -85,7 +85,7 @@ class InvalidArgument(InvalidPayload):
 
 
 class DependencyError(ValidationError):
-    """A task's ``depends_on`` cannot be accepted (issue 16): a cycle, the task itself, a
+    """A task's ``depends_on`` cannot be accepted: a cycle, the task itself, a
     duplicate, an unknown parent, too many parents. Raised before anything is written."""
 
     def __init__(self, message: str, *, task_id: object = None) -> None:
@@ -151,7 +151,7 @@ class TaskNotFound(PgQueueError, LookupError):
 
 
 class WorkflowNotFound(TaskNotFound):
-    """No task belongs to a workflow with this id (issue 16): a typo, or a workflow whose
+    """No task belongs to a workflow with this id: a typo, or a workflow whose
     tasks were all pruned. A TaskNotFound, so that whatever reports an unknown task (404 in
     HTTP, the CLI's not_found) reports this alike."""
 
@@ -290,7 +290,7 @@ class IdempotencyConflict(PgQueueError):
         self.original_index = original_index
 
 
-# --- waiting for a result (issue 15) -----------------------------------------------------------
+# --- waiting for a result -----------------------------------------------------------
 
 
 class WaitTimeout(PgQueueError, TimeoutError):
@@ -329,7 +329,7 @@ class WaitInTransaction(PgQueueError):
         self.task_id = task_id
 
 
-# --- waiting for a workflow (issue 16) ---------------------------------------------------------
+# --- waiting for a workflow ---------------------------------------------------------
 
 
 class WorkflowWaitTimeout(WaitTimeout):

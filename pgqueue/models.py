@@ -33,8 +33,8 @@ class TaskStatus(enum.StrEnum):
     - ``failed``: attempts spent; this is the dead-letter queue. An operator replays
       (back to queued, fresh attempts) or discards it.
     - ``cancelled``: cancelled before it ran (or cooperatively while running); final.
-    - ``waiting``: enqueued with ``depends_on`` and at least one parent not final yet (issue
-      16). No claim reads it; the statement that finishes its last parent moves it to queued
+    - ``waiting``: enqueued with ``depends_on`` and at least one parent not final yet.
+      No claim reads it; the statement that finishes its last parent moves it to queued
       (or, when a parent failed and it was not declared to run anyway, to cancelled); an
       operator's cancel cancels it.
     """
@@ -195,11 +195,11 @@ class Task:
     # When the task first became ready: a promotion, a retry or a release moves visible_after
     # but not this (a replay starts a new wait). The age of waiting work counts from it.
     ready_since: datetime | None = None
-    # Issue 15: how many times a handler snoozed it (Snooze: no attempt spent), and when it
+    # How many times a handler snoozed it (Snooze: no attempt spent), and when it
     # expires if no attempt has been spent by then (None: never).
     snoozes: int = 0
     expires_at: datetime | None = None
-    # Issue 16: the workflow the task belongs to (None: a plain task), how many groups of its
+    # The workflow the task belongs to (None: a plain task), how many groups of its
     # parents are not final yet (None: it never had parents; 0: all final), and the parent
     # whose failure or cancellation cancelled it (None otherwise).
     workflow_id: uuid.UUID | None = None
@@ -315,7 +315,7 @@ class ClaimedTask:
     created_at: datetime
     # The submitting span's W3C context when tracing was on (see pgqueue.tracing).
     trace_context: dict[str, str] | None = None
-    # Issue 16: whether it was enqueued with depends_on (the worker then reads its parents,
+    # Whether it was enqueued with depends_on (the worker then reads its parents,
     # for ctx.parents, in one query per claimed batch), and its workflow.
     has_parents: bool = False
     workflow_id: uuid.UUID | None = None
@@ -335,7 +335,7 @@ class ClaimedTask:
 
 @dataclasses.dataclass(frozen=True)
 class Parent:
-    """One end of a dependency (issue 16): a parent of a task (``pgqueue.parents``,
+    """One end of a dependency: a parent of a task (``pgqueue.parents``,
     ``ctx.parents``) or a dependant (``pgqueue.children``), with its status now, its place in
     the child's depends_on, whether the child runs anyway if it fails, its result (decoded
     JSON, None until completed) and its last error. ``status`` and ``type`` are None for a
@@ -351,7 +351,7 @@ class Parent:
 
 
 class WorkflowStatus(enum.StrEnum):
-    """A workflow's status, derived from its tasks (issue 16; the view pgqueue.workflows uses
+    """A workflow's status, derived from its tasks (the view pgqueue.workflows uses
     the same rule): ``running`` while any task is not final; then ``completed`` if all
     completed; else ``failed`` if any was dead-lettered; else ``cancelled``."""
 
@@ -469,7 +469,7 @@ class FailResult:
 
 @dataclasses.dataclass(frozen=True)
 class SnoozeResult:
-    """A recorded snooze (issue 15): ``snoozed`` False when the task had reached its bound
+    """A recorded snooze: ``snoozed`` False when the task had reached its bound
     and the snooze was recorded as a failed attempt instead (``failed`` says what that did)."""
 
     task_id: uuid.UUID

@@ -124,7 +124,7 @@ def check_executor(
             )
 
 
-# Issue 15. The longest snooze: the longest delay an enqueue may ask for (10 years).
+# The longest snooze: the longest delay an enqueue may ask for (10 years).
 MAX_SNOOZE_SECONDS = 10 * 365 * 24 * 3600.0
 
 
@@ -198,7 +198,7 @@ class Handler:
     is_async: bool
     retry: RetryPolicy | None
     timeout: float | None
-    # Declared by @tasks.task (issue 15): the type's queue and priority, and its parameters.
+    # Declared by @tasks.task: the type's queue and priority, and its parameters.
     queue: str | None = None
     priority: Priority | None = None
     parameters: Mapping[str, Any] | None = None
@@ -324,7 +324,7 @@ class TaskRegistry:
 
         return register
 
-    # --- function tasks (issue 15) ----------------------------------------------------------
+    # --- function tasks ----------------------------------------------------------
 
     @overload
     def task(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...

@@ -1,4 +1,4 @@
-"""Workflows (issue 16): chains, groups and chords of tasks, built in Python, written at once.
+"""Workflows: chains, groups and chords of tasks, built in Python, written at once.
 
 A :class:`Step` is a task not yet enqueued: ``fn.s(*args, **kwargs)`` for a function task
 (``@tasks.task``), ``pgqueue.step(type, payload, **options)`` for a type by name. ``chain``,

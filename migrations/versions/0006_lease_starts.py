@@ -5,7 +5,7 @@ Revises: 0005_tracing_dashboard
 Create Date: 2026-12-02
 
 A worker killed between a claim and its handlers' start must not spend the claimed tasks'
-attempts (issue 19), while a task that kills its worker once started must still be counted
+attempts, while a task that kills its worker once started must still be counted
 every time (the poison-task rule). The worker says which of its claims it has started in one
 row of its own, one write per claim whatever the batch, instead of writing every claimed task
 a second time: that second write per task cost a no-op drain a fifth of its speed.

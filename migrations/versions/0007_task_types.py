@@ -4,7 +4,7 @@ Revision ID: 0007_task_types
 Revises: 0006_lease_starts
 Create Date: 2026-12-02
 
-Issue 18. The age of waiting work counted from the latest write to visible_after, which the
+The age of waiting work counted from the latest write to visible_after, which the
 starvation policy's promotion and every retry move, so a task that had waited 900 s read as
 0 s right after its promotion; and promotion overwrote the priority users had submitted. A
 handler's max_attempts lived only in the worker's memory, so every reader before the first

@@ -1,4 +1,4 @@
-"""A task's snooze count and its expiry (issue 15, part C).
+"""A task's snooze count and its expiry.
 
 Revision ID: 0008_snooze_expiry
 Revises: 0007_task_types

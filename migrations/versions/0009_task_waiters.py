@@ -4,7 +4,7 @@ Revision ID: 0009_task_waiters
 Revises: 0008_snooze_expiry
 Create Date: 2026-12-02
 
-Issue 15 (waiting for a result). ``pgqueue.wait`` (and ``GET /api/v1/tasks/{id}?wait=``)
+Waiting for a result. ``pgqueue.wait`` (and ``GET /api/v1/tasks/{id}?wait=``)
 registers a row here for as long as it waits; every statement that makes a task final sends
 ``pg_notify('pgqueue_done', id)`` only for the ids it finds here. A task nobody waits on costs
 one probe of this almost always empty table per finishing statement, and no NOTIFY (whose

@@ -4,7 +4,7 @@ Revision ID: 0010_function_tasks
 Revises: 0009_task_waiters
 Create Date: 2026-12-02
 
-Issue 15 (A). ``@tasks.task(queue=..., priority=...)`` declares where and how urgently a type
+``@tasks.task(queue=..., priority=...)`` declares where and how urgently a type
 runs; a task submitted by type name (library, CLI, HTTP) without a queue or priority takes
 them from here, as max_attempts already does (per call > declared > default, field by field).
 ``parameters`` describes a function task's arguments (names, required or not, kinds, the JSON

@@ -1,4 +1,4 @@
-"""Dependencies between tasks (workflows, issue 16): a 'waiting' status, the edges, and the
+"""Dependencies between tasks (workflows): a 'waiting' status, the edges, and the
 release of a task in the same transaction that finishes its last parent.
 
 Revision ID: 0011_workflows

@@ -1,4 +1,4 @@
-"""A view of workflows (issue 16): one row per workflow, its status derived from its tasks.
+"""A view of workflows: one row per workflow, its status derived from its tasks.
 
 Revision ID: 0012_workflow_views
 Revises: 0011_workflows

@@ -1,4 +1,4 @@
-"""Workflows cost plain tasks nothing (issue 16, "Growth"); a chord's members share no row;
+"""Workflows cost plain tasks nothing; a chord's members share no row;
 a replayed parent revives the dependants its failure cancelled.
 
 Revision ID: 0013_dependants_flag
@@ -16,7 +16,7 @@ never had a workflow).
 ``task_dependants_settle`` is replaced: it no longer creates a temporary table per settling
 transaction (catalog writes on every completion of a member), and it writes a child's row
 only when one of the child's buckets empties or a parent dooms it. Before, every member's
-completion updated the callback's row, the one hot row the issue forbids: the members'
+completion updated the callback's row, the one hot row the design forbids: the members'
 completions queued on it across workers.
 
 ``task_dependants_revive`` is new: task_replay calls it for replayed dead letters, so the

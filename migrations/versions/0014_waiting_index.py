@@ -1,4 +1,4 @@
-"""An index of the waiting tasks (issue 16), so that what operators ask every few seconds
+"""An index of the waiting tasks, so that what operators ask every few seconds
 counts and lists them without reading the table.
 
 Revision ID: 0014_waiting_index

@@ -102,7 +102,7 @@ async def on_pgqueue_error(request: Request, exc: Exception) -> JSONResponse:
             errors=[FieldError(field=exc.field, message=exc.reason)],
         )
     if isinstance(exc, ValidationError):
-        # A function task's argument is a field of the payload: payload.order_id (issue 15).
+        # A function task's argument is a field of the payload: payload.order_id.
         field = f"{exc.field}.{exc.argument}" if isinstance(exc, InvalidArgument) else exc.field
         return error(
             422,

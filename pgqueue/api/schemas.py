@@ -61,7 +61,7 @@ class SubmitTask(BaseModel):
     )
     # The library's rule: a name in any case, surrounding spaces ignored. Left out (or null):
     # the type's declared priority and queue (recorded by workers at start), else normal and
-    # 'default' (issue 15).
+    # 'default'.
     priority: Annotated[Literal["high", "normal", "low"], BeforeValidator(_fold_name)] | None = (
         Field(None, description="null: the type's declared priority, else normal.")
     )
@@ -93,7 +93,7 @@ class SubmitTask(BaseModel):
         description="Attempts before dead-lettering; null: the type's declaration (recorded by "
         "workers at start), else 3.",
     )
-    # Issue 15: the expiry, one of the two at most, after the run time, in the future.
+    # The expiry, one of the two at most, after the run time, in the future.
     expires_in: Annotated[float, Strict()] | None = Field(
         None,
         gt=0,
@@ -207,7 +207,7 @@ TaskStatusName = Literal["queued", "running", "completed", "failed", "cancelled"
 
 
 class EdgeOut(BaseModel):
-    """A parent or child of a task (issue 16): its id, type and status now (type and status
+    """A parent or child of a task: its id, type and status now (type and status
     null for a task since pruned)."""
 
     task_id: uuid.UUID
@@ -235,7 +235,7 @@ class TaskOut(SubmitOut):
     last_error_traceback: str | None = Field(
         None, description="The last error's traceback, when it has one (shown on demand)."
     )
-    # Issue 15.
+    # Snoozes: queued again later without spending an attempt.
     snoozes: int = Field(
         0, description="How many times its handler snoozed it (Snooze: no attempt spent)."
     )
@@ -246,7 +246,7 @@ class TaskOut(SubmitOut):
         "and across retries until the next attempt reports; null: none yet.",
     )
 
-    # Issue 16: where the task sits in a workflow.
+    # Where the task sits in a workflow.
     workflow_id: uuid.UUID | None = Field(
         None, description="The workflow the task belongs to; null for a plain task."
     )
@@ -392,7 +392,7 @@ class CancelOut(BaseModel):
 # --- dead letters ----------------------------------------------------------------------------
 
 
-# --- workflows (issue 16) --------------------------------------------------------------------
+# --- workflows --------------------------------------------------------------------
 
 
 class WorkflowTaskOut(BaseModel):

@@ -130,7 +130,7 @@
     return el("a", { href: taskHref(id), class: "id", title: String(id) }, shortId(id));
   }
 
-  // A task's parents or children (issue 16): each a link to its page, its type and status.
+  // A task's parents or children: each a link to its page, its type and status.
   function edgeList(edges, none) {
     if (!edges.length) return el("span", { class: "muted" }, none);
     return el(
@@ -1132,7 +1132,7 @@
           field("lease", "Lease expires", when(task.lease_expires_at)),
           field("idempotency-key", "Idempotency key", task.idempotency_key ?? "—"),
           field("cancel", "Cancel requested", task.cancel_requested ? "yes" : "no"),
-          // Issue 15: snoozes (no attempt spent) and the expiry, when the task has them.
+          // Snoozes (no attempt spent) and the expiry, when the task has them.
           task.snoozes ? field("snoozes", "Snoozed", `${task.snoozes} times`) : null,
           task.expires_at
             ? field(
@@ -1144,7 +1144,7 @@
             : null,
         ),
       ),
-      // Issue 16: where the task sits in a workflow, its parents and children with their statuses.
+      // Where the task sits in a workflow, its parents and children with their statuses.
       task.workflow_id || (task.parents ?? []).length || (task.children ?? []).length
         ? el(
             "div",

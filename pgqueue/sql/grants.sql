@@ -56,7 +56,7 @@ GRANT SELECT, INSERT, UPDATE ON TABLE pgqueue.task_types TO :"app_role";
 -- waiter that died). SELECT: every statement that finishes tasks looks for their waiters.
 GRANT SELECT, INSERT, DELETE ON TABLE pgqueue.task_waiters TO :"app_role";
 
--- Dependencies between tasks (issue 16). INSERT: an enqueue with depends_on writes the edges
+-- Dependencies between tasks. INSERT: an enqueue with depends_on writes the edges
 -- and buckets. UPDATE: every statement that finishes a parent counts it (outcome, pending).
 -- SELECT: the worker reads a claimed task's parents. DELETE: pruning.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.task_dependencies,
@@ -64,7 +64,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE pgqueue.task_dependencies,
     TO :"app_role";
 
 -- Read-only views: stats (CLI, API, /metrics) read queue_depth; operators and dashboards
--- read all of them (workflows: one row per workflow, issue 16).
+-- read all of them (workflows: one row per workflow).
 GRANT SELECT ON TABLE pgqueue.queue_depth, pgqueue.dead_letters, pgqueue.running_tasks,
                       pgqueue.backlog, pgqueue.workflows
     TO :"app_role";
@@ -81,7 +81,7 @@ GRANT EXECUTE ON FUNCTION pgqueue.retry_delay(integer, real, real, real),
 
 -- Every statement that makes tasks final wakes their waiters through task_waiters_wake.
 GRANT EXECUTE ON FUNCTION pgqueue.task_waiters_wake(uuid[]) TO :"app_role";
--- ... and releases or cancels their dependants through task_dependants_settle (issue 16).
+-- ... and releases or cancels their dependants through task_dependants_settle.
 GRANT EXECUTE ON FUNCTION pgqueue.task_dependants_settle(uuid[]) TO :"app_role";
 -- ... and a replay revives the dependants its dead letter cancelled (task_dependants_revive).
 GRANT EXECUTE ON FUNCTION pgqueue.task_dependants_revive(uuid[]) TO :"app_role";

@@ -1,4 +1,4 @@
-"""Cancellation requests reaching running handlers (issue 15): the stop flag of the task's
+"""Cancellation requests reaching running handlers: the stop flag of the task's
 context, set at once.
 
 Two paths lead here. The cancel statement (task_cancel) notifies the worker holding the

@@ -1,5 +1,5 @@
 """Where each walk of the claim index starts, so that a claim does not step over the tasks
-this worker has already claimed (issue 19).
+this worker has already claimed.
 
 A claimed task leaves an entry in the claim index that only vacuum removes. While an old
 snapshot is open (a session idle in a transaction, a report, ``pg_dump``), vacuum cannot, and
@@ -85,7 +85,7 @@ class ClaimStarts:
     def forget(self, queue: str) -> None:
         """The next walk of ``queue`` starts at the beginning of its range (every priority):
         a task older than where this worker's claims got to became ready there (a released
-        dependant, a replayed dead letter; issue 16). The other queues keep their starts."""
+        dependant, a replayed dead letter). The other queues keep their starts."""
         for level in [level for level in self._newest if level[0] == queue]:
             del self._newest[level]
 

@@ -191,7 +191,7 @@ class Claimer:
         if not claimed:
             return claimed
         with_parents = [t.id for t in claimed if t.has_parents]
-        if with_parents:  # issue 16: one query per claimed batch, only for tasks with parents
+        if with_parents:  # One query per claimed batch, only for tasks with parents
             parents = await arun(conn, task_parents_many(with_parents))
             claimed = [
                 dataclasses.replace(t, parents=parents.get(t.id, ())) if t.has_parents else t

@@ -34,13 +34,13 @@ class Heartbeat:
         self._db = db
         self._running = slots.running
         self._pending = slots.pending
-        # The fallback of the listener's prompt path (issue 15): see worker/cancels.py.
+        # The fallback of the listener's prompt path: see worker/cancels.py.
         self._cancels = cancels or Cancels(config, slots=slots)
         self._soon = asyncio.Event()  # beat now, not at the end of the interval
 
     def soon(self) -> None:
         """Beat now: the listener (re)connected, and cancellations notified while it was
-        deaf are lost; this round brings them (issue 15)."""
+        deaf are lost; this round brings them."""
         self._soon.set()
 
     async def run(self) -> None:

@@ -1,8 +1,8 @@
 """LISTEN wake-ups: an enqueue's NOTIFY wakes the claimer at once instead of at its next poll,
 and a cancel's NOTIFY (``pgqueue_cancel``) stops the handler of a task this worker runs at once
-instead of at its next heartbeat (issue 15; see worker/cancels.py), and a release's NOTIFY
+instead of at its next heartbeat (see worker/cancels.py), and a release's NOTIFY
 (``pgqueue_released``: a dependant or a replayed dead letter, older than where this worker's
-claims got to) makes the next claim of that queue walk its index from the start (issue 16).
+claims got to) makes the next claim of that queue walk its index from the start.
 
 A connection of its own, outside the pool: it sits in LISTEN for the worker's whole life. It is
 re-established after any disconnect, and every (re)connection wakes the claimer, since the

@@ -1,5 +1,5 @@
 """Built-in maintenance: the expired-lease sweep, retention pruning, the starvation policy's
-promotion, ANALYZE after a burst, and cancelling tasks whose expiry passed (issue 15).
+promotion, ANALYZE after a burst, and cancelling tasks whose expiry passed.
 
 On by default in every worker, so crash recovery never depends on a user scheduling it.
 Each batch runs in its own short transaction that first takes a transaction-level advisory
@@ -130,7 +130,7 @@ class Maintenance:
         return out
 
     async def expire_once(self, conn: psycopg.AsyncConnection[Any]) -> int:
-        """Issue 15: cancel, reason 'expired', the waiting tasks whose expiry passed before any
+        """Cancel, reason 'expired', the waiting tasks whose expiry passed before any
         attempt was spent (see task_expire), in bounded batches. Every sweep: the claim
         already skips them, so this only makes them final, and an expired task is cancelled
         within a sweep interval of its expiry."""

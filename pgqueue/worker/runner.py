@@ -214,7 +214,7 @@ class Runner:
     async def _record_snooze(
         self, task: ClaimedTask, outcome: Snoozed, fields: dict[str, Any]
     ) -> None:
-        """Issue 15: queued again later without spending the attempt, or, at the bound, a
+        """Queued again later without spending the attempt, or, at the bound, a
         failed attempt (task_snooze says which)."""
         bound = self._max_snoozes
         result = await self._db.call(

@@ -189,7 +189,7 @@ async def _task_out(conn: Any, task: Task) -> TaskOut:
 
 
 async def _edges(conn: Any, task: Task) -> tuple[list[Parent], list[Parent]]:
-    """The task's parents and children (issue 16). Its parents are read only if it ever had
+    """The task's parents and children. Its parents are read only if it ever had
     some (parents_pending is set then); any task may have children (one probe of the
     dependencies' parent index)."""
     parents = [] if task.parents_pending is None else await aio.parents(conn, task.id)

@@ -1,4 +1,4 @@
-"""/api/v1/workflows: a workflow's status and tasks, and cancelling it (issue 16)."""
+"""/api/v1/workflows: a workflow's status and tasks, and cancelling it."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from pgqueue.models import Task as PgTask
 DEFAULT_DATABASE = "default"
 
 # pgqueue's statuses as Django's: queued (to start, or to be retried) and waiting for its
-# parents (a workflow's task, issue 16) are READY, and both a dead letter and a cancelled task
+# parents (a workflow's task) are READY, and both a dead letter and a cancelled task
 # are FAILED, Django having no other end for a task.
 STATUSES = {
     TaskStatus.WAITING: TaskResultStatus.READY,

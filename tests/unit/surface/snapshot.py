@@ -2,7 +2,7 @@
 names and signatures of ``pgqueue`` and ``pgqueue.aio``.
 
 ``test_public_surface.py`` compares them with the files beside this one, which were written
-from main before the package was reorganised (issue 14): a refactor that changes a route, an
+from main before the package was reorganised: a refactor that changes a route, an
 option, a help line or a signature fails there. After a deliberate change to the surface,
 regenerate with ``python -m tests.unit.surface.snapshot`` and review the diff.
 """
