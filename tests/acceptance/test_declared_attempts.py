@@ -1,4 +1,4 @@
-"""A handler's declared attempts, through a real worker process and the CLI (issue 18, item 2).
+"""A handler's declared attempts, through a real worker process and the CLI.
 
 ``@tasks.handler("once", max_attempts=1)`` and ``RetryPolicy(max_attempts=5)`` must be the
 number every reader shows: the worker's task.started and task.dead events, `pgqueue status`

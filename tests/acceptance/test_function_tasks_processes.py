@@ -1,4 +1,4 @@
-"""Function tasks through real processes (issue 15, part A): a ``pgqueue worker`` process, a
+"""Function tasks through real processes: a ``pgqueue worker`` process, a
 ``pgqueue serve`` process and the ``pgqueue`` command.
 
 The worker runs ``@tasks.task`` functions with their arguments and an injected context; it

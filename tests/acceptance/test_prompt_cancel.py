@@ -1,4 +1,4 @@
-"""Cancelling a running task is prompt (issue 15): the handler of a real worker process sees
+"""Cancelling a running task is prompt: the handler of a real worker process sees
 ``ctx.should_stop()`` (or ``await ctx.stopped()`` returns) well within a heartbeat interval.
 
 The worker's lease is 120 s, so it beats every 40 s: a stop seen within 5 s of the DELETE can

@@ -1,4 +1,4 @@
-"""``pgqueue worker --processes N`` as real processes: how its children start (issue 20).
+"""``pgqueue worker --processes N`` as real processes: how its children start.
 
 On Linux the supervisor forks its children from its own state (the worker and the registry
 imported once); it must hold no connection and run no thread then, and every behaviour of a

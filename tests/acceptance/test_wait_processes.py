@@ -1,4 +1,4 @@
-"""Waiting for a result against real `pgqueue worker` processes (issue 15, B).
+"""Waiting for a result against real `pgqueue worker` processes.
 
 The library's wait, the HTTP ``?wait=`` and `pgqueue status --wait` each return when a real
 worker finishes the task: completed, dead-lettered (by the handler's last failure, and by

@@ -1411,7 +1411,7 @@ def test_json_log_stays_json_when_the_database_drops_the_workers_connections(
     assert not_json == [], "every stderr line of a --log-format json worker must be JSON"
 
 
-# --- start-up imports (issue 20) ------------------------------------------------------------
+# --- start-up imports ------------------------------------------------------------
 
 
 @pytest.mark.slow

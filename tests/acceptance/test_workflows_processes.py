@@ -1,4 +1,4 @@
-"""Workflows through real ``pgqueue worker`` processes (issue 16): a chain and a chord of
+"""Workflows through real ``pgqueue worker`` processes: a chain and a chord of
 function tasks, enqueued in one transaction, run by two worker processes (which of them runs
 what is theirs to decide); each step gets its parents' results, and the chord's callback
 starts only after every member completed, and runs once."""

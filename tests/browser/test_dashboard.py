@@ -168,7 +168,7 @@ def seed(conn: psycopg.Connection[Any], database_url: str) -> Seeded:
     # Running, under a ten-minute lease.
     running = pgqueue.enqueue(conn, "video.transcode", {"video": "intro.mp4"}, queue="media")
     pgqueue.claim(conn, ["media"], limit=1, worker_id=WORKER, lease_seconds=600)
-    # Waiting for its parent, the transcode, to finish (issue 16).
+    # Waiting for its parent, the transcode, to finish.
     pgqueue.enqueue(
         conn, "video.publish", {"video": "intro.mp4"}, queue="media", depends_on=[running]
     )

@@ -1,4 +1,4 @@
-"""The dashboard's ages of waiting work and a promoted task's priority (issue 18, item 1), in a
+"""The dashboard's ages of waiting work and a promoted task's priority, in a
 real browser against a real ``pgqueue serve`` (the fixtures and helpers of test_dashboard).
 
 A low task that became ready 15 minutes ago and was then promoted by the starvation policy

@@ -1,4 +1,4 @@
-"""Tasks waiting for their parents (status 'waiting', issue 16) on the dashboard's overview, in
+"""Tasks waiting for their parents (status 'waiting') on the dashboard's overview, in
 a real browser against a real ``pgqueue serve`` (the fixtures and helpers of test_dashboard):
 a column of their own in the queue table, not counted in the Queued card, and a queue whose
 tasks all wait has a row and a Pause button."""

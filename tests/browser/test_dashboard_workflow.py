@@ -1,5 +1,5 @@
 """The dashboard's task page shows the task's workflow, parents and children with their
-statuses, each a link to its own page (issue 16), in a real browser against a real
+statuses, each a link to its own page, in a real browser against a real
 ``pgqueue serve`` (the fixtures and helpers of test_dashboard)."""
 
 from __future__ import annotations

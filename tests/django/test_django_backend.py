@@ -288,7 +288,7 @@ def test_the_worker_closes_a_tasks_django_connection_after_it(
 
 
 def test_a_task_waiting_for_its_parents_is_ready_to_django(worker: DjangoWorker, pg: Any) -> None:
-    """A task of a pgqueue workflow (issue 16), looked up through Django: still READY while
+    """A task of a pgqueue workflow, looked up through Django: still READY while
     its parent has not run (a status Django has no name for), not an error."""
     from django.utils import timezone
     from shop.tasks import add

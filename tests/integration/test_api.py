@@ -307,7 +307,7 @@ def test_submit_returns_202_with_the_new_queued_task(client, conn):
     assert created_at.tzinfo is not None
     assert before - timedelta(seconds=5) <= created_at <= datetime.now(UTC) + timedelta(seconds=5)
     assert body["type"] == "send_email"
-    assert "payload" not in body  # not echoed back (issue 18 item 9); GET Location has it
+    assert "payload" not in body  # not echoed back; GET Location has it
     assert response.headers["location"] == f"/api/v1/tasks/{task_id}"
     assert body["priority"] == "high"
     assert body["queue"] == "default"

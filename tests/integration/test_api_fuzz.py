@@ -90,7 +90,7 @@ def _poll(what: str, ready: Any, deadline_s: float) -> None:
 class Seed:
     url: str
     ids: dict[str, list[uuid.UUID]]  # status -> ids
-    workflows: tuple[str, ...] = ()  # issue 16: ids of seeded workflows
+    workflows: tuple[str, ...] = ()  # Ids of seeded workflows
 
     @property
     def all_ids(self) -> list[str]:

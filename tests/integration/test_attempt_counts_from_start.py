@@ -1,5 +1,5 @@
 """An attempt counts from the moment a worker's handler is about to start, not from the claim
-(issue 19: tasks claimed but not yet started when a worker was killed came back with an
+(tasks claimed but not yet started when a worker was killed came back with an
 attempt spent, and a task whose workers died before starting it three times was
 dead-lettered without ever running). The poison-task rule holds: a task that kills its worker
 once started is counted every time. The clock is injected; nothing here sleeps."""

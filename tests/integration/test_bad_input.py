@@ -71,7 +71,7 @@ def test_priority_must_be_high_normal_or_low(tx, conn, subtests):
             )
             assert "'high', 'normal', 'low'" in str(exc)
 
-    # None is "not given" (issue 15): the type's declared priority, else normal.
+    # None is "not given": the type's declared priority, else normal.
     assert pgqueue.enqueue(conn, "t", {}, priority=None).task.priority is pgqueue.Priority.NORMAL
 
     # The accepted spellings, for contrast: names in any case, Priority members, 0 to 2.
@@ -244,7 +244,7 @@ def test_type_and_queue_must_be_1_to_200_characters_without_nul(tx, conn, subtes
     for field, call in (("type", as_type), ("queue", as_queue)):
         for name, value in BAD_NAMES.items():
             if field == "queue" and value is None:
-                continue  # "not given" (issue 15): below
+                continue  # "not given": below
             with subtests.test(field=field, case=name):
                 assert_refused_before_sql(
                     tx,

@@ -408,8 +408,8 @@ CASES: list[Case] = [
         **option("priority", None, NA, None), stored={"priority": 1},
         notes={
             "cli": "argv is text",
-            "library": "not given (issue 15): the type's declared priority, else normal",
-            "http": "not given (issue 15): the type's declared priority, else normal",
+            "library": "not given: the type's declared priority, else normal",
+            "http": "not given: the type's declared priority, else normal",
         },
     ),
     # --- max_attempts -----------------------------------------------------------------------------

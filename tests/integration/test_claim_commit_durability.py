@@ -1,4 +1,4 @@
-"""Which commits wait for the WAL flush (issue 20). A submit, a completion and a failure do:
+"""Which commits wait for the WAL flush. A submit, a completion and a failure do:
 once they return, a crash of the server keeps them. A claim and its start mark do not: each
 sets synchronous_commit off for its own transaction, which saves the idle pickup one durable
 commit. The statement itself says so; these tests read the setting inside each transaction,

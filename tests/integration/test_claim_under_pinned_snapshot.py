@@ -1,5 +1,5 @@
 """While an old snapshot is open, a worker's claims cost the same after 30,000 tasks as after
-the first thousand (issue 19).
+the first thousand.
 
 Every claimed task leaves a claim-index entry that vacuum cannot remove while the snapshot
 stays; a walk from the start of the range steps over all of them. The worker starts its walks

@@ -1,4 +1,4 @@
-"""`pgqueue workflow show / cancel / wait` (issue 16) against real PostgreSQL, in the style of
+"""`pgqueue workflow show / cancel / wait` against real PostgreSQL, in the style of
 test_cli.py: successful runs in-process, error paths through the real entry point."""
 
 from __future__ import annotations

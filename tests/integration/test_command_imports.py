@@ -1,4 +1,4 @@
-"""What a command imports when it really runs against PostgreSQL (issue 17): ``enqueue``,
+"""What a command imports when it really runs against PostgreSQL: ``enqueue``,
 ``status`` and ``list`` talk to the database through a ``Client``, whose schema check reads
 the version with psycopg, so none of them loads alembic or SQLAlchemy, the worker or FastAPI.
 ``tests/unit/test_imports.py`` covers ``import pgqueue`` and each command's ``--help``.

@@ -433,7 +433,7 @@ class _StatusOptions(HTMLParser):
 
 
 def test_the_task_lists_status_filter_offers_every_status_and_the_api_lists_each(api, conn):
-    """Waiting tasks (issue 16) included: each option of the served page's filter is a status
+    """Waiting tasks included: each option of the served page's filter is a status
     the API's task list accepts, and it lists exactly the tasks in that status."""
     parent = pgqueue.enqueue(conn, "p", {}).id
     waiting = pgqueue.enqueue(conn, "c", {}, depends_on=[parent]).id

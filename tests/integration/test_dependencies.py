@@ -1,4 +1,4 @@
-"""Dependencies between tasks (issue 16) against real PostgreSQL: a child waits until its
+"""Dependencies between tasks against real PostgreSQL: a child waits until its
 parents are final, is released in the transaction that finishes its last parent, and is
 cancelled (reason naming the parent) when a parent fails, unless it runs anyway."""
 
@@ -166,7 +166,7 @@ def test_a_worker_gives_the_handler_its_parents_results_in_order(
     assert seen["statuses"] == [TaskStatus.COMPLETED] * 5
 
 
-# --- refused batches write nothing (issue 16) ------------------------------------------------
+# --- refused batches write nothing ------------------------------------------------
 
 
 def graph_rows(conn: psycopg.Connection[Any]) -> tuple[int, int, int]:
@@ -240,7 +240,7 @@ def test_a_refused_batch_writes_none_of_its_tasks_in_the_callers_transaction(
     conn.rollback()
 
 
-# --- a chord's fan-in across buckets (issue 16) -----------------------------------------------
+# --- a chord's fan-in across buckets -----------------------------------------------
 
 
 @pytest.mark.parametrize("order", [(0, 1, 2), (1, 2, 0), (2, 0, 1)])

@@ -1,4 +1,4 @@
-"""Every statement that finishes a task settles its dependants (issue 16), against real
+"""Every statement that finishes a task settles its dependants, against real
 PostgreSQL, through the public functions a worker and its maintenance call (pgqueue.complete,
 fail, cancel_leased, snooze, release, sweep_expired, expire; an operator's cancel and
 cancel_workflow).

@@ -1,4 +1,4 @@
-"""How a chord member's completion finds what it settles (issue 16): the settle function reads
+"""How a chord member's completion finds what it settles: the settle function reads
 each finished parent by its id, whatever the planner's statistics say.
 
 The statistics left by an ANALYZE after a burst of enqueues say that almost no task is final.

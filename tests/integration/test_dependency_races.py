@@ -1,4 +1,4 @@
-"""A parent's completion racing a cancel of its dependant (issue 16), in two transactions on
+"""A parent's completion racing a cancel of its dependant, in two transactions on
 two connections, against real PostgreSQL, with the interleaving forced: the first writer's
 transaction stays open, holding its row locks, while the second writer's statement runs in a
 thread until PostgreSQL shows it waiting for a lock the first holds (or it has finished, for an

@@ -1,4 +1,4 @@
-"""Replaying a dead-lettered parent revives the dependants its failure cancelled (issue 16):
+"""Replaying a dead-lettered parent revives the dependants its failure cancelled:
 they wait for it again, and run once it completes; dependants cancelled for another reason,
 or that already ran, are left as they are."""
 

@@ -1,4 +1,4 @@
-"""A task's expiry (issue 15): if no attempt has been spent by then it is never run, and ends
+"""A task's expiry: if no attempt has been spent by then it is never run, and ends
 cancelled with the reason ``expired``; once an attempt was spent, it no longer applies.
 
 The library with a controlled clock, the validation at the library, the CLI and the HTTP API

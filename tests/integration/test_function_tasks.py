@@ -1,4 +1,4 @@
-"""Tasks declared as Python functions (issue 15, part A), through the library.
+"""Tasks declared as Python functions, through the library.
 
 ``@tasks.task`` on a function with ordinary parameters: enqueued in the caller's transaction
 with its arguments bound by name, checked before anything is written, with the declared
@@ -234,8 +234,8 @@ def test_options_can_carry_an_idempotency_key_and_a_delay(conn):
 
 
 def test_options_carry_an_expiry_and_refuse_a_mismatched_key_reuse(conn):
-    """Every enqueue option reaches a function task through ``.options``: the expiry (issue
-    15) and key_reuse="refuse" (issue 18), which refuses a reused key with other arguments
+    """Every enqueue option reaches a function task through ``.options``: the expiry and
+    key_reuse="refuse", which refuses a reused key with other arguments
     and hands back the original for the same ones."""
     _, send_receipt, _ = receipts()
 

@@ -1,4 +1,4 @@
-"""The HTTP API's edges (issue 18, item 9): the body limit against the payload limit, the
+"""The HTTP API's edges: the body limit against the payload limit, the
 submit answer and its Location, Content-Type, what /healthz says about the schema, the route
 labels in /metrics, and over-limit uploads that must end in the 413, never a reset.
 

@@ -1,5 +1,5 @@
 """Statements that write many leased rows lock them in one order (by id), so two of them over
-the same rows wait for each other instead of deadlocking (issue 19: a worker's heartbeat and
+the same rows wait for each other instead of deadlocking (a worker's heartbeat and
 its batched completions, ``UPDATE ... FROM unnest(...)`` each locking in the order given, hit
 ``deadlock detected`` and stalled completions for ``deadlock_timeout``)."""
 

@@ -1,5 +1,5 @@
 """pgqueue.oldest_snapshot names what holds back the cleanup of finished tasks: a session
-idle in a transaction, a REPEATABLE READ reader (issue 19: the operator must see it coming).
+idle in a transaction, a REPEATABLE READ reader (the operator must see it coming).
 Prepared transactions are read too, but neither test server allows any
 (max_prepared_transactions = 0), so no test here can hold one."""
 

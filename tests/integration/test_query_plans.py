@@ -41,7 +41,7 @@ Plan = dict[str, Any]
 QUEUED = 200_000
 FINISHED = 200_000
 RUNNING = 1_000
-WAITING = 5_000  # dependants whose parents are not final (issue 16)
+WAITING = 5_000  # dependants whose parents are not final
 CLAIM_BATCH = 100  # the worker's largest claim (WorkerConfig.max_claim_batch)
 MAINTENANCE_BATCH = 1_000  # MaintenanceConfig.batch_size
 DAY = 86_400.0
@@ -518,7 +518,7 @@ def test_sweep_finds_expired_leases_by_index(big: psycopg.Connection[Any]) -> No
 def test_expiry_finds_expired_tasks_by_their_index_not_the_backlog(
     big: psycopg.Connection[Any],
 ) -> None:
-    """Issue 15: maintenance's expiry pass (every sweep) reads tasks_expiry_idx, which holds
+    """Maintenance's expiry pass (every sweep) reads tasks_expiry_idx, which holds
     only waiting tasks with an expiry, never the backlog."""
     query = first_query(claiming.task_expire(MAINTENANCE_BATCH))
     for label, plan in plans(big, query).items():
@@ -568,7 +568,7 @@ def test_listing_queues_walks_the_claim_index_once_per_queue(big: psycopg.Connec
     assert_index_only_access(explain(big, query), "queue list")
 
 
-# --- the waiting tasks (issue 16): counted and listed through their own index ------------------
+# --- the waiting tasks: counted and listed through their own index ------------------
 
 WAITING_INDEX = "tasks_waiting_idx"
 
@@ -885,7 +885,7 @@ def test_the_waiting_checks_reject_waiting_rows_read_from_the_table(
 def test_reading_a_workflow_reads_only_its_rows_by_the_workflow_index(
     big: psycopg.Connection[Any],
 ) -> None:
-    """pgqueue.workflow's statement, and the DBA's view with WHERE workflow_id (issue 16),
+    """pgqueue.workflow's statement, and the DBA's view with WHERE workflow_id,
     reach the workflow's rows through tasks_workflow_idx, not the table (the predicate passes
     the view's GROUP BY)."""
     workflow_id = uuid.uuid4()

@@ -1,4 +1,4 @@
-"""The age of waiting work counts from when a task first became ready (issue 18, item 1).
+"""The age of waiting work counts from when a task first became ready.
 
 The starvation policy's promotion and a retry both move ``visible_after`` (the promotion's
 clock, the retry's due time); the age that alerts and autoscalers read must not restart with

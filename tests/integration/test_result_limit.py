@@ -1,4 +1,4 @@
-"""A task's result is bounded like its payload (issue 18, item 4): ``PGQUEUE_MAX_RESULT_BYTES``,
+"""A task's result is bounded like its payload: ``PGQUEUE_MAX_RESULT_BYTES``,
 1 MiB by default, counted in bytes of compact UTF-8 JSON. A handler that returns more fails its
 attempt and is dead-lettered at once (it would only return as much again), with an error that
 names the task, the size and the limit, and nothing stored as its result; ``pgqueue.complete``

@@ -305,7 +305,7 @@ def test_no_command_error_shows_the_password(cli_runs, secret, case):
     if "--debug" not in case:
         lines = proc.stderr.splitlines()
         assert len(lines) == 1, proc.stderr
-        # One line: plain, or under --json one JSON document (issue 18 item 6).
+        # One line: plain, or under --json one JSON document.
         json_error = "--json" in case and json.loads(lines[0]).get("exit_code") == proc.returncode
         assert json_error or lines[0].startswith("error: "), proc.stderr
         assert "Traceback" not in output

@@ -1,4 +1,4 @@
-"""A handler's Snooze (issue 15): queued again later without spending an attempt, bounded.
+"""A handler's Snooze: queued again later without spending an attempt, bounded.
 
 The library's ``pgqueue.snooze`` (what the worker writes) with a controlled clock, then a real
 worker running handlers that raise ``Snooze``, and what `pgqueue status` and the API show.

@@ -1,4 +1,4 @@
-"""One source of truth for a task's attempts: the declared task types (issue 18, item 2).
+"""One source of truth for a task's attempts: the declared task types.
 
 A handler's ``max_attempts``/``retry`` lived only in the worker's memory, so everything read
 before the first failure (the enqueue's answer, status, list, the API, the started log)

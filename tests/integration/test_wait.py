@@ -1,4 +1,4 @@
-"""pgqueue.wait and pgqueue.aio.wait (issue 15, B): the finished task, or WaitTimeout.
+"""pgqueue.wait and pgqueue.aio.wait: the finished task, or WaitTimeout.
 
 Waits in these tests use a poll interval of an hour unless a test is about the poll, and a
 wait that reaches its deadline reads the task once more before it gives up; so a wait that

@@ -1,4 +1,4 @@
-"""GET /api/v1/tasks/{id}?wait=SECONDS (issue 15, B), against a real server (uvicorn) and
+"""GET /api/v1/tasks/{id}?wait=SECONDS, against a real server (uvicorn) and
 PostgreSQL.
 
 The apps here poll once an hour (``wait_poll_seconds``) unless a test says otherwise: an

@@ -1,4 +1,4 @@
-"""Tasks waiting on their parents (status 'waiting', issue 16) where operators count and list
+"""Tasks waiting on their parents (status 'waiting') where operators count and list
 tasks, against real PostgreSQL.
 
 Counted by the DBA's pgqueue.queue_depth view and pgqueue.queue_stats() (which read the whole

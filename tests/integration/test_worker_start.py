@@ -1,4 +1,4 @@
-"""How a worker starts (issue 20): its schema check's connection becomes its LISTEN
+"""How a worker starts: its schema check's connection becomes its LISTEN
 connection, so that starting opens one server process fewer (it competes with the first
 claim for the cores, and with --processes N, N times)."""
 

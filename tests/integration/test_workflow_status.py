@@ -1,4 +1,4 @@
-"""Operating workflows (issue 16): the pgqueue.workflows view and pgqueue.workflow() derive the
+"""Operating workflows: the pgqueue.workflows view and pgqueue.workflow() derive the
 same status from the tasks, cancel_workflow cancels what has not finished, and wait_workflow
 returns the final result or raises, against real PostgreSQL.
 
@@ -353,7 +353,7 @@ def test_the_readmes_workflow_queries_run_and_show_the_parents(conn: Any) -> Non
     import re
 
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("Workflows (chains, groups, chords; issue 16)") :]
+    section = readme[readme.index("Workflows (chains, groups, chords") :]
     block = section[section.index("```sql") + 6 : section.index("```", section.index("```sql") + 6)]
     wf = build(conn, max_attempts=1)
     first, _ = claim(conn)

@@ -1,4 +1,4 @@
-"""Workflows (issue 16): chain, group and chord built in Python, written by one enqueue_many in
+"""Workflows: chain, group and chord built in Python, written by one enqueue_many in
 the caller's transaction, run by a real worker against real PostgreSQL, results passed from
 parents to children (function tasks through their unbound parameter, handler types through
 ctx.parent_results)."""

@@ -193,7 +193,7 @@ def offending(args: Mapping[str, Any]) -> dict[str, str]:
     bad: dict[str, str] = {}
     if name_is_bad(args["type"], NAME_LIMIT):
         bad["type"] = "name"
-    # None is "not given" for queue and priority (issue 15): the type's declaration applies.
+    # None is "not given" for queue and priority: the type's declaration applies.
     if "queue" in args and args["queue"] is not None and name_is_bad(args["queue"], NAME_LIMIT):
         bad["queue"] = "name"
     key = args.get("idempotency_key")

@@ -1,4 +1,4 @@
-"""How a cancellation reaches a running handler's context (issue 15): the listener's path
+"""How a cancellation reaches a running handler's context: the listener's path
 (worker/cancels.py, a pgqueue_cancel payload) and the heartbeat's fallback, driven without a
 database (the heartbeat's round trip is a stand-in returning what the statement would)."""
 

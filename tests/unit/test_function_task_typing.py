@@ -1,4 +1,4 @@
-"""A function task carries its function's signature to mypy (issue 15): ``enqueue``, ``bind``
+"""A function task carries its function's signature to mypy: ``enqueue``, ``bind``
 and ``options(...).enqueue`` with an argument of the wrong type are type errors, and the
 decorated object is still typed as a call of the function.
 

@@ -1,4 +1,4 @@
-"""What each entry point imports (issue 17): ``import pgqueue`` and the commands load only
+"""What each entry point imports: ``import pgqueue`` and the commands load only
 what they use, so that a script calling ``pgqueue status`` does not wait for FastAPI, and a
 worker does not wait for alembic. Speed itself is measured by ``bench/startup.py``; these
 tests pin the module sets, which do not depend on how busy the machine is.

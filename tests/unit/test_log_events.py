@@ -1,6 +1,6 @@
-"""pgqueue's events carry their fields whatever logging the application set up (issue 19:
-with plain ``logging.basicConfig`` they printed as ``WARNING:pgqueue:task.lease_expired``,
-with no task id, type or attempt)."""
+"""pgqueue's events carry their fields whatever logging the application set up (with
+plain ``logging.basicConfig`` they printed as ``WARNING:pgqueue:task.lease_expired``, with no
+task id, type or attempt)."""
 
 from __future__ import annotations
 

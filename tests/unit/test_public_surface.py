@@ -1,4 +1,4 @@
-"""The public surface is what it was before the package was reorganised (issue 14).
+"""The public surface is what it was before the package was reorganised.
 
 The snapshots under ``surface/`` were generated from main before the reorganisation; these
 tests fail on any change to a route, a schema, a CLI option or help line, or a signature of

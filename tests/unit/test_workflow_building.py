@@ -1,4 +1,4 @@
-"""Building workflows (issue 16) without a database: which prepared task depends on which, in
+"""Building workflows without a database: which prepared task depends on which, in
 what order they come, where a parent's result is received, and what is refused before any
 write."""
 
