@@ -1,4 +1,4 @@
-"""How long a cancel of a running task takes to reach its handler (issue 15), with real
+"""How long a cancel of a running task takes to reach its handler, with real
 processes: a `pgqueue worker` and a `pgqueue serve`, both from the tree under test.
 
     python -m bench.cancel_latency --server-url postgresql://postgres@127.0.0.1:5432/postgres

@@ -28,13 +28,13 @@ while the scenario's faults are injected:
                           kills it on every attempt (poison: must end dead-lettered)
 ``sigstop``               SIGSTOP of a worker for 2.5 leases, then SIGCONT: its late
                           completions must be fenced off, not overwrite the new holder's
-``pinned_xid``            issue 19: a session runs ``BEGIN; SELECT txid_current();`` and
+``pinned_xid``            a session runs ``BEGIN; SELECT txid_current();`` and
                           stays idle in its transaction (a forgotten transaction holding an
                           XID), so vacuum cannot clean pgqueue.tasks while it is open
-``pinned_readers``        issue 19: 2 sessions, each in one REPEATABLE READ transaction,
+``pinned_readers``        2 sessions, each in one REPEATABLE READ transaction,
                           loop ``SELECT count(*) FROM pgqueue.tasks`` (0.5 s between counts:
                           a report)
-``workflow``              issue 16: the tasks are workflows (below); SIGKILLs of workers and
+``workflow``              the tasks are workflows (below); SIGKILLs of workers and
                           ``pg_terminate_backend`` of their connections, ``--repeats`` of
                           each, and one restart ``-m immediate``, in a seeded order
 ``keyed``                 tasks with a concurrency key (299 keys and a hot one that submits
@@ -512,7 +512,7 @@ def retrying(url: str, fn: Callable[[psycopg.Connection[Any]], Any], timeout: fl
 
 
 class Pin:
-    """What holds an old snapshot open in the chaos database (issue 19), from ``hold()``'s
+    """What holds an old snapshot open in the chaos database, from ``hold()``'s
     start to its end. ``pinned_xid``: one session that ran ``BEGIN; SELECT txid_current();``
     and went idle in its transaction (a forgotten transaction: it holds an XID).
     ``pinned_readers``: PINNED_READERS sessions, each in one REPEATABLE READ transaction that
@@ -903,7 +903,7 @@ class Producer(threading.Thread):
             conn.close()
 
 
-# --- the workflow scenario (issue 16) ----------------------------------------------------------
+# --- the workflow scenario ----------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -1558,7 +1558,7 @@ def check_dependants(
     edges: Iterable[tuple[uuid.UUID, uuid.UUID, int, bool]],
     runs: Mapping[uuid.UUID, Sequence[tuple[float, Any]]],
 ) -> dict[str, Any]:
-    """The workflow rules (issue 16), checked for every dependant (a task with parents).
+    """The workflow rules, checked for every dependant (a task with parents).
 
     ``tasks``: id -> ``type``, ``status``, ``finished_at`` (epoch seconds or None),
     ``cancelled_by``, ``last_error``, ``result`` and ``collect`` (a chord callback's member
@@ -2012,7 +2012,7 @@ def verify(
         "pickup_p99_s": rounded(quantile(pickups, 0.99), 3),
         "pickup_max_s": rounded(max(pickups, default=None), 3),
         "_pickups": pickups,
-        # Workflows (issue 16): counted for every scenario, nonzero only where tasks have
+        # Workflows: counted for every scenario, nonzero only where tasks have
         # parents.
         "dependants": deps["dependants"],
         "cancelled_by_parent": len(deps["cancelled_by_parent"]),

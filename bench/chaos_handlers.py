@@ -4,7 +4,7 @@ execution, so the run can count what was lost, what ran twice and why.
 * Every execution first writes a row to ``chaos.executions`` in a commit of its own (task id,
   lease token, attempt, pid), before doing anything else. A task that ran twice has two rows;
   two rows with the same lease token would be a double delivery the lease did not explain.
-* A task with parents (a workflow step, issue 16) also records, in that row, what it received
+* A task with parents (a workflow step) also records, in that row, what it received
   from its parents: ``ctx.parent_results`` for a ``handler(payload, ctx)`` type
   (``chaos.step``, which is also every chord's callback), the argument the worker filled in
   for a function task (``chaos.link``, a chain's links). The run checks it against the

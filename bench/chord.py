@@ -1,5 +1,6 @@
-"""A chord's drain against a plain drain of as many tasks (issue 16's bar: within 1.5x), and
-how soon the callback starts after the last member completed (bar: within 100 ms).
+"""A chord's drain against a plain drain of as many tasks (the bar workflows must meet:
+within 1.5x), and how soon the callback starts after the last member completed (bar: within
+100 ms).
 
     python -m bench.chord --members 10000 --rounds 3 --processes 2 \
         --server-url postgresql://postgres@127.0.0.1:5432/postgres

@@ -1,4 +1,4 @@
-"""What the expiry filter costs the ordinary claim (issue 15), measured on the statement alone.
+"""What the expiry filter costs the ordinary claim, measured on the statement alone.
 
     python -m bench.claim_expiry_filter --server-url postgresql://postgres@127.0.0.1:5432/postgres
 

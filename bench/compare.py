@@ -1,5 +1,5 @@
 """pgqueue side by side with PgQueuer, Procrastinate, Oban and Chancy, on a private PostgreSQL
-(issues 5 and 20).
+(the first and second performance rounds).
 
     python -m bench.compare                  # the whole matrix once, default sizes
     python -m bench.compare --repeat 3       # three rounds, contenders interleaved
@@ -204,7 +204,7 @@ TREES: dict[str, Path] = {"pgqueue": REPO}
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 20's targets: pgqueue's ``key`` figure ÷ PgQueuer's in ``scenario``, at
+    """One of round two's targets: pgqueue's ``key`` figure ÷ PgQueuer's in ``scenario``, at
     least ``need`` (or at most, for a latency: ``lower``); judged in target_rows()."""
 
     scenario: str
@@ -897,7 +897,7 @@ def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
 
 
 def targets(sizes: Sizes, bulk_batch: int) -> list[Target]:
-    """Issue 20's targets, each a ratio to PgQueuer in the same round, with the run's sizes."""
+    """Round two's targets, each a ratio to PgQueuer in the same round, with the run's sizes."""
     drain = f"drain {sizes.drain:,}"
     return [
         Target(
@@ -951,7 +951,7 @@ def targets(sizes: Sizes, bulk_batch: int) -> list[Target]:
 
 
 def target_rows(steps: list[Step], sizes: Sizes, bulk_batch: int) -> list[list[str]]:
-    """Each target of issue 20, per round: the measured figure and met / not met; then, per
+    """Each target of round two, per round: the measured figure and met / not met; then, per
     round, whether every task ran exactly once in every checked step of every contender."""
     rows: list[list[str]] = []
 
@@ -1076,7 +1076,7 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
         "Fresh database per contender and scenario, CHECKPOINT before each.",
         *[f"* Not run: {note}" for note in report.get("skipped", [])],
         "",
-        "### Targets (issue 20)",
+        "### Targets",
         "",
         *table(["target", "round", "measured", "verdict"], target_rows(steps, sizes, bulk_batch)),
         *scenario_tables(steps, sizes),

@@ -6,7 +6,7 @@ task backlog; measured with real worker processes on a scratch database.
     python -m bench.design_load --server-url ... --via http --rate 350 --duration 120
     python -m bench.design_load --server-url ... --backlog 105000
 
-Why it is built this way (issue 5, "It must also hold when it matters"):
+Why it is built this way (the first performance round's brief, "It must also hold when it matters"):
 
 * The brief sizes pgqueue for 10 M tasks/day, 350/s at peak, each ~5 s, ~2 KB payloads. So
   the load here is exactly that, submitted **open loop** (task *i* at ``t0 + i/rate`` by the

@@ -93,7 +93,7 @@ Targets: the whole keyed claim's p99 within 2 ms of the unkeyed one's at every k
 flat (the largest p99 of the key counts at most 1.5x the smallest). And, for the fair claim at
 each key count, EXPLAIN ANALYZE of its generic plan (the plan a worker runs, prepared) just
 after a VACUUM, its time per CTE; the whole plans go into the JSON. Then the growth under an
-old snapshot (an xid held open, issue 19's pressure): ``--cost-growth`` (1,600) rounds of a
+old snapshot (an xid held open, the pinned-snapshot pressure): ``--cost-growth`` (1,600) rounds of a
 keyed claim of 4 on a queue of two deep keys and an unkeyed claim of 16 with a worker's claim
 starts, the medians per quarter against the keyed tasks claimed since the xid.
 """
@@ -1086,14 +1086,14 @@ def claim_cost(server_url: str, settings: Settings) -> dict[str, Any]:
 def lease_growth(
     conn: psycopg.Connection[Any], settings: Settings, rotations: Mapping[str, KeyRotation]
 ) -> dict[str, Any]:
-    """The claims' cost while an old snapshot is held (a transaction holding an xid, issue
-    19's pressure: vacuum can then remove nothing, and no scan may mark an entry dead): every
-    claim leaves an entry per task in the indexes of running tasks, which the fair claim reads
-    to count a key's running tasks. A queue of two keys with deep backlogs, claimed 4 at a time
-    (the per-key limit leaves no more), and the unkeyed queue claimed 16 at a time with the
-    claim starts a worker keeps (pgqueue/worker/claim_starts.py: its walk steps over no dead
-    entry), ``--cost-growth`` rounds of both after a VACUUM and the xid; medians per quarter
-    against the tasks claimed since."""
+    """The claims' cost while an old snapshot is held (a transaction holding an xid, the
+    pinned-snapshot pressure: vacuum can then remove nothing, and no scan may mark an entry dead):
+    every claim leaves an entry per task in the indexes of running tasks, which the fair claim reads
+    to count a key's running tasks. A queue of two keys with deep backlogs, claimed 4 at a time (the
+    per-key limit leaves no more), and the unkeyed queue claimed 16 at a time with the claim starts
+    a worker keeps (pgqueue/worker/claim_starts.py: its walk steps over no dead entry),
+    ``--cost-growth`` rounds of both after a VACUUM and the xid; medians per quarter against the
+    tasks claimed since."""
     per_key = settings.cost_growth * 4
     with (
         conn.transaction(),

@@ -4,11 +4,11 @@
         [--rows 1000000] [--claims 2000] [--drain-tasks 20000] [--repeats 3] \
         [--processes 2] [--concurrency 50]
 
-Issue 5 asks that throughput and claim latency stay within 2x of the empty-table figures with
-1 million finished tasks still in the table (before pruning) and with a 1-million-task
-backlog. The claim is the statement that degrades first in every queue on PostgreSQL (an index
-that stops serving its ORDER BY, dead tuples in the claim index), and it only shows at size,
-so this measures the same things in three states of one scratch database:
+The first performance round asks that throughput and claim latency stay within 2x of the empty-table
+figures with 1 million finished tasks still in the table (before pruning) and with a 1-million-task
+backlog. The claim is the statement that degrades first in every queue on PostgreSQL (an index that
+stops serving its ORDER BY, dead tuples in the claim index), and it only shows at size, so this
+measures the same things in three states of one scratch database:
 
   (a) empty: nothing but the tasks the measurement itself enqueues;
   (b) finished: ``--rows`` completed tasks, finished over the last 12 hours, so still inside

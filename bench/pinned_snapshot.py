@@ -1,6 +1,6 @@
-"""Issue 19: the queue while the database holds an old snapshot open. Open-loop 800 tasks/s of
+"""The queue while the database holds an old snapshot open. Open-loop 800 tasks/s of
 ~1 ms tasks to ONE worker process with 32 slots, 60 s clean, 180 s under pressure, 60 s after;
-a table per 5-second window and a verdict against the issue's targets.
+a table per 5-second window and a verdict against the targets.
 
     python -m bench.pinned_snapshot --pressure idle-xid
     python -m bench.pinned_snapshot --pressure all --pgqueue-tree /tmp/pgqueue-before
@@ -60,7 +60,7 @@ Why it is built this way:
   (bench.loadkit.CpuMeter: the worker, the queue's PostgreSQL backends, the pressure's
   backends and pg_dump, the whole server, the machine).
   The backlog count walks the same index the claims do: it is one such walk a second.
-* **The verdict** is the issue's targets, once the rate is known to have been offered:
+* **The verdict** is the targets, once the rate is known to have been offered:
   completions >= 90 % of offered in every window of the pressure (and over it), pickup p99
   < 1 s, the backlog bounded (its least-squares slope over the pressure adds less than one
   second of submits over the whole pressure; its peak reported), and recovery within 30 s:
@@ -75,7 +75,7 @@ Tables go to stdout, ending with one JSON line; progress to stderr. Every wait i
 worker, pg_dump and the pressure sessions are stopped in ``finally``; each run has a fresh
 scratch database, dropped afterwards, on a private PostgreSQL started for the run (fsync and
 synchronous_commit on, autovacuum on with the server's defaults: the machine's PostgreSQL 15
-binaries when present, like the issue's server, else the embedded 18) unless ``--server-url``
+binaries when present, like the brief's server, else the embedded 18) unless ``--server-url``
 names one. The exit code is 0 whatever the verdict, unless ``--strict``.
 """
 

@@ -4,13 +4,13 @@ size and the dead-tuple count stay flat over time?
     python -m bench.soak --server-url postgresql://postgres@127.0.0.1:5432/postgres \
         --rate 200 --minutes 20 --retention-seconds 60
 
-Why (issue 5, "Over time"): a queue table is all churn (every task is inserted, updated two or
-three times and deleted), so a queue that is fast on a fresh table can still degrade over
-hours as dead tuples and index bloat pile up, or as pruning falls behind. The peers' most
-reported slowdown is exactly that. So this runs the real ``pgqueue worker`` CLI with its
+Why (the first performance round's brief, "Over time"): a queue table is all churn (every task is
+inserted, updated two or three times and deleted), so a queue that is fast on a fresh table can
+still degrade over hours as dead tuples and index bloat pile up, or as pruning falls behind. The
+peers' most reported slowdown is exactly that. So this runs the real ``pgqueue worker`` CLI with its
 built-in maintenance and a short ``--completed-retention`` (so that pruning happens many times
-within the run, not once a day), submits open loop at a fixed rate (one task per
-transaction, small payload, no-op handler), and every ``--sample-seconds`` records:
+within the run, not once a day), submits open loop at a fixed rate (one task per transaction, small
+payload, no-op handler), and every ``--sample-seconds`` records:
 
 * submitted and completed in the interval (completed from ``finished_at``, which is why the
   retention must be longer than the sample interval), and the pickup latency of the tasks

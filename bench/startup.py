@@ -1,4 +1,4 @@
-"""Start-up cost (issues 17 and 20): commands, ``import pgqueue``, a worker's first claim.
+"""Start-up cost: commands, ``import pgqueue``, a worker's first claim.
 
     git worktree add --detach /tmp/base c73af0f
     python -m bench.startup --base-tree /tmp/base \

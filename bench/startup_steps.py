@@ -1,4 +1,4 @@
-"""Where a worker's start goes (issue 20): the time and CPU at each step, exec to first claim.
+"""Where a worker's start goes: the time and CPU at each step, exec to first claim.
 
     python -m bench.startup_steps --base-tree /tmp/base \
         --server-url postgresql://postgres@127.0.0.1:5432/postgres [--rounds 8] \

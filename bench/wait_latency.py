@@ -1,4 +1,4 @@
-"""Finish-to-return latency of waiting for a result (issue 15): how long after a task is
+"""Finish-to-return latency of waiting for a result: how long after a task is
 finished its waiter has it.
 
     python -m bench.wait_latency --server-url postgresql://postgres@127.0.0.1:5432/postgres
