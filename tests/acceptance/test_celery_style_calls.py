@@ -21,7 +21,7 @@ import pytest
 from celery_style_handlers import QUEUE, add, declined, fan_out, gated, payment
 from processes import clean_env
 from session_databases import database_name
-from test_worker_processes import FAST, WorkerProcess, Workers, wait_until
+from test_worker_processes import FAST, WorkerProcess, Workers, _url_with_database, wait_until
 
 import pgqueue
 from pgqueue import defaults
@@ -56,7 +56,7 @@ def other_database_url(server_url: str, template_db: str) -> Iterator[str]:
     name = database_name("t")
     with psycopg.connect(server_url, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield server_url.rsplit("/", 1)[0] + "/" + name
+    yield _url_with_database(server_url, name)  # keeps the query string (the embedded server's)
     with psycopg.connect(server_url, autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
