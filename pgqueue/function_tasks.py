@@ -683,10 +683,18 @@ class TaskFunction(Generic[P, R]):
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
         """The call of the function for a stored payload. Converted arguments are decoded
         first: one that does not decode (a payload submitted by type name with a bad date)
-        raises UndecodableArgument, which dead-letters the task at once."""
+        raises UndecodableArgument, which dead-letters the task at once; so does a payload
+        the function cannot be called with (an argument missing or unknown: submitted by type
+        name before any worker recorded the parameters), as no retry would change it."""
         payload = fill_parent_results(payload, ctx)
         decoded = self.parameters.decode(payload)
-        check_arguments(self.parameters.description, payload)
+        try:
+            check_arguments(self.parameters.description, payload)
+        except InvalidArgument as exc:
+            raise UndecodableArgument(
+                exc.argument,
+                f"{exc.reason}: {self.type} cannot be called with the stored payload",
+            ) from None
         return self._split(decoded, ctx)
 
     def _split(
