@@ -29,13 +29,19 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 import psycopg
 
 from pgqueue import config
-from pgqueue.arguments import Parameters, check_arguments, describe_parameters
+from pgqueue.arguments import (
+    Parameters,
+    UndecodableArgument,
+    check_arguments,
+    describe_parameters,
+)
 from pgqueue.enqueue import check_name, prepare
 from pgqueue.error_text import split_error
 from pgqueue.errors import InvalidArgument, UnsupportedConnection, ValidationError
 from pgqueue.handle import TaskHandle, is_client, parse_task_id
 from pgqueue.models import EnqueueResult, KeyReuse, Priority, RetryPolicy, TaskStatus
 from pgqueue.operations import enqueue_many, insert_prepared
+from pgqueue.operations.submitting import in_batch
 from pgqueue.queries.driver import arun, run
 from pgqueue.queries.specs import DEFAULT_RETRY, TaskSpec
 from pgqueue.queries.task_types import TypeDeclaration
@@ -420,20 +426,24 @@ class TaskFunction(Generic[P, R]):
 
     def _specs(self, calls: Iterable[Mapping[str, Any] | TaskSpec]) -> list[TaskSpec]:
         limit = config.max_payload_bytes()
+        batch = calls if isinstance(calls, list | tuple) else list(calls)
         out: list[TaskSpec] = []
-        for call in calls:
-            if isinstance(call, TaskSpec):
-                out.append(call)
-            elif isinstance(call, Mapping):
-                payload = self.parameters.encode(dict(call))
-                check_arguments(self.parameters.description, payload)
-                out.append(self._spec(payload, limit))
-            else:
-                raise ValidationError(
-                    "calls",
-                    f"items must be dicts of arguments by name or {self.__name__}.bind(...), "
-                    f"not {type(call).__name__}",
-                )
+        try:
+            for call in batch:
+                if isinstance(call, TaskSpec):
+                    out.append(call)
+                elif isinstance(call, Mapping):
+                    payload = self.parameters.encode(dict(call))
+                    check_arguments(self.parameters.description, payload)
+                    out.append(self._spec(payload, limit))
+                else:
+                    raise ValidationError(
+                        "calls",
+                        f"items must be dicts of arguments by name or {self.__name__}.bind(...), "
+                        f"not {type(call).__name__}",
+                    )
+        except ValidationError as exc:  # one spec per call so far: the one refused is the next
+            raise in_batch(exc, len(out), len(batch)) from None
         return out
 
     # --- enqueueing ------------------------------------------------------------------------
@@ -673,10 +683,18 @@ class TaskFunction(Generic[P, R]):
     def _call_args(self, payload: Mapping[str, Any], ctx: Any) -> tuple[list[Any], dict[str, Any]]:
         """The call of the function for a stored payload. Converted arguments are decoded
         first: one that does not decode (a payload submitted by type name with a bad date)
-        raises UndecodableArgument, which dead-letters the task at once."""
+        raises UndecodableArgument, which dead-letters the task at once; so does a payload
+        the function cannot be called with (an argument missing or unknown: submitted by type
+        name before any worker recorded the parameters), as no retry would change it."""
         payload = fill_parent_results(payload, ctx)
         decoded = self.parameters.decode(payload)
-        check_arguments(self.parameters.description, payload)
+        try:
+            check_arguments(self.parameters.description, payload)
+        except InvalidArgument as exc:
+            raise UndecodableArgument(
+                exc.argument,
+                f"{exc.reason}: {self.type} cannot be called with the stored payload",
+            ) from None
         return self._split(decoded, ctx)
 
     def _split(

@@ -35,6 +35,7 @@ from pgqueue.api.middleware import (
 from pgqueue.api.routes import (
     dashboard,
     dead_letters,
+    docs,
     failures,
     health,
     limits,
@@ -90,6 +91,9 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         version="1",
         summary="Submit, inspect and cancel tasks of a PostgreSQL-backed job queue.",
         lifespan=lifespan,
+        # FastAPI's own pages load their scripts from a CDN: routes.docs serves them whole.
+        docs_url=None,
+        redoc_url=None,
     )
     attach_state(app, state)
     app.add_exception_handler(RequestValidationError, on_validation)
@@ -98,6 +102,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(_v1(settings))
     metrics.add_to(app)
     dashboard.add_to(app)
+    docs.add_to(app)
     health.add_to(app)
     app.openapi = _with_scopes(app, app.openapi)  # type: ignore[method-assign]
     # Each added one wraps the ones before: FinishReading runs first (it reads what is left

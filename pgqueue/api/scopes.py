@@ -63,6 +63,10 @@ ROUTE_SCOPES: dict[str, tuple[str, ...]] = {
     "swagger_ui_html": (READ,),
     "swagger_ui_redirect": (READ,),
     "redoc_html": (READ,),
+    # Swagger UI's and ReDoc's published files: no data, the same on every server, and a
+    # browser loads them by <script src>, which sends no token. Open, as the dashboard's are.
+    "docs_asset": (OPEN,),
+    "root_redirect": (OPEN,),  # to /dashboard/, itself open
     "healthz": (OPEN,),
     "readyz": (OPEN,),
     "dashboard_redirect": (OPEN,),

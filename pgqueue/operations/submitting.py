@@ -5,7 +5,7 @@ insert, and the check of a payload against a function task's recorded parameters
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -39,8 +39,37 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
     batch = items if isinstance(items, list | tuple) else list(items)
     ids = iter(new_task_ids(len(batch)))
     names: set[str] = set()
-    prepared = False
     out: list[TaskSpec] = []
+    try:
+        prepared = _prepare_items(batch, out, ids, limit, names)
+    except ValidationError as exc:
+        # One spec per item so far, in order: the item refused is the next.
+        raise in_batch(exc, len(out), len(batch)) from None
+    # Ids made here are new, so only a prepared task can appear twice.
+    if prepared and len({s.id for s in out}) != len(out):
+        raise ValidationError(
+            "tasks", "the same prepared task appears twice; call pgqueue.prepare() once per task"
+        )
+    return out
+
+
+def in_batch(exc: ValidationError, index: int, count: int) -> ValidationError:
+    """The error of one item of a batch, saying which (``item 3 of 10: payload: ...``, the
+    index counted from 0 as the list's, and ``.index``), its type and ``.field`` kept."""
+    exc.args = (f"item {index} of {count}: {exc}", *exc.args[1:])
+    exc.index = index  # type: ignore[attr-defined]
+    return exc
+
+
+def _prepare_items(
+    batch: list[Any] | tuple[Any, ...],
+    out: list[TaskSpec],
+    ids: Iterator[uuid.UUID],
+    limit: int,
+    names: set[str],
+) -> bool:
+    """Append each item's spec to ``out``; whether any was prepared by the caller."""
+    prepared = False
     for item in batch:
         if isinstance(item, TaskSpec):
             out.append(item)
@@ -68,12 +97,7 @@ def as_specs(items: Iterable[TaskSpec | Mapping[str, Any]]) -> list[TaskSpec]:
             raise ValidationError(
                 "tasks", f"items must be dicts or pgqueue.prepare(...), not {type(item).__name__}"
             )
-    # Ids made here are new, so only a prepared task can appear twice.
-    if prepared and len({s.id for s in out}) != len(out):
-        raise ValidationError(
-            "tasks", "the same prepared task appears twice; call pgqueue.prepare() once per task"
-        )
-    return out
+    return prepared
 
 
 @operation

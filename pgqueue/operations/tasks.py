@@ -5,14 +5,41 @@ replayed, discarded and counted.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from pgqueue.errors import ValidationError
 from pgqueue.models import Task, TaskStatus
 from pgqueue.operations.checks import check_filters, check_limit, parse_status, parse_task_id
 from pgqueue.queries import tasks
 from pgqueue.queries.driver import Op, operation
+
+TaskIds = uuid.UUID | str | Iterable[uuid.UUID | str]
+
+
+def parse_task_ids(ids: TaskIds | None) -> list[uuid.UUID] | None:
+    """One id (a UUID or its text) or an iterable of them, as a list; None is "by filter".
+
+    A lone string is one id, not an iterable of characters: ``replay(conn, task_id)`` works
+    as ``cancel(conn, task_id)`` does."""
+    if ids is None:
+        return None
+    if isinstance(ids, uuid.UUID | str):
+        return [parse_task_id(ids)]
+    if isinstance(ids, bytes | Mapping) or not isinstance(ids, Iterable):
+        raise ValidationError(
+            "ids",
+            f"must be a task id (a UUID or its text) or a list of them, not {type(ids).__name__}",
+        )
+    out: list[uuid.UUID] = []
+    for i in ids:
+        if not isinstance(i, uuid.UUID | str):
+            raise ValidationError(
+                "ids", f"each must be a task id (a UUID or its text), not {type(i).__name__}"
+            )
+        out.append(parse_task_id(i))
+    return out
 
 
 def list_args(
@@ -67,7 +94,7 @@ def cancel(task_id: uuid.UUID | str, *, now: datetime | None = None) -> Op[Task]
 
 @operation
 def replay(
-    ids: Sequence[uuid.UUID | str] | None = None,
+    ids: uuid.UUID | str | Iterable[uuid.UUID | str] | None = None,
     *,
     type: str | None = None,
     queue: str | None = None,
@@ -77,24 +104,27 @@ def replay(
     """Move dead letters (by id, or all matching the filters) back to queued with fresh attempts.
 
     Works in batches of at most ``limit``; call again until it returns an empty list to replay
-    more. Returns the ids replayed.
+    more. ``ids`` is one task id (a UUID or its text) or an iterable of them; either way the
+    result is the list of the ids replayed, so ``[]`` for one id means it was not a dead
+    letter (unknown, or in another state: ``get_task`` says which).
     """
     check_filters(type=type, queue=queue)
-    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    parsed = parse_task_ids(ids)
     return tasks.task_replay(parsed, type, queue, check_limit(limit), now)
 
 
 @operation
 def discard(
-    ids: Sequence[uuid.UUID | str] | None = None,
+    ids: uuid.UUID | str | Iterable[uuid.UUID | str] | None = None,
     *,
     type: str | None = None,
     queue: str | None = None,
     limit: int = 1000,
 ) -> Op[list[uuid.UUID]]:
-    """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids."""
+    """Delete dead letters by id or filter (at most ``limit`` per call); returns the ids.
+    ``ids`` is one task id or an iterable of them, as replay's."""
     check_filters(type=type, queue=queue)
-    parsed = [parse_task_id(i) for i in ids] if ids is not None else None
+    parsed = parse_task_ids(ids)
     return tasks.task_discard(parsed, type, queue, check_limit(limit))
 
 

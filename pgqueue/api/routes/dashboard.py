@@ -54,6 +54,12 @@ async def dashboard_redirect() -> Response:
     return Response(status_code=307, headers={**DASHBOARD_HEADERS, "Location": "dashboard/"})
 
 
+async def root_redirect() -> Response:
+    # The server's root has nothing of its own: a newcomer opening it lands on the dashboard.
+    # Relative, as above, so that it also works under a prefix.
+    return Response(status_code=307, headers={"Location": "dashboard/"})
+
+
 async def dashboard() -> Response:
     """The dashboard (no token needed for the page; its data needs one)."""
     return _dashboard_response("index.html")
@@ -67,6 +73,7 @@ async def dashboard_file(name: str) -> Response:
 
 
 def add_to(app: FastAPI) -> None:
+    app.get("/", include_in_schema=False)(root_redirect)
     app.get("/dashboard", include_in_schema=False)(dashboard_redirect)
     app.get("/dashboard/", include_in_schema=False)(dashboard)
     app.get("/dashboard/{name}", include_in_schema=False)(dashboard_file)

@@ -1,0 +1,46 @@
+"""The README's samples of what the server answers and of what a task sees stay true: the
+/healthz answer it shows is a real server's, at this release's head revision, and the
+attributes it names on ``ctx.parents`` are the ones a parent has."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from boundaries import Api
+
+from pgqueue.api import ApiSettings
+from pgqueue.models import Parent
+
+README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+
+
+def healthz_sample() -> str:
+    """The commented answer under the README's ``curl -s localhost:8000/healthz``."""
+    found = re.search(r"^# /healthz: (\{.*?\})$", README, re.MULTILINE | re.DOTALL)
+    assert found is not None, "the README lost its /healthz sample"
+    return re.sub(r"\n#\s+", " ", found.group(1))
+
+
+def test_the_readmes_healthz_sample_is_what_a_migrated_server_answers(database_url):
+    api = Api(ApiSettings(database_url=database_url))
+    try:
+        response = api.request("GET", "/healthz")
+    finally:
+        api.close()
+
+    assert response.status_code == 200, response.text
+    assert json.loads(healthz_sample()) == response.json()
+
+
+def test_the_readme_names_the_attributes_a_parent_has():
+    found = re.search(r"`ctx\.parents`: each parent's ([^)]*)\)", README)
+    assert found is not None, "the README no longer says what ctx.parents holds"
+    named = re.findall(r"`\.(\w+)`", found.group(1))
+    fields = {f.name for f in dataclasses.fields(Parent)}
+
+    assert named, found.group(0)
+    assert set(named) <= fields, (named, fields)
+    assert "task_id" in named
