@@ -42,8 +42,8 @@ complete = _ops.complete.aio
 complete_many = _ops.complete_many.aio
 fail = _ops.fail.aio
 cancel_leased = _ops.cancel_leased.aio
-snooze = _ops.snooze.aio  # issue 15
-expire = _ops.expire.aio  # issue 15
+snooze = _ops.snooze.aio
+expire = _ops.expire.aio
 heartbeat = _ops.heartbeat.aio
 release = _ops.release.aio
 sweep_expired = _ops.sweep_expired.aio
@@ -51,13 +51,13 @@ prune = _ops.prune.aio
 throughput_series = _ops.throughput_series.aio
 recent_failures = _ops.recent_failures.aio
 
-# Waiting for a result (issue 15).
+# Waiting for a result.
 wait = _ops.wait.aio
 
-# Function tasks (issue 15).
+# Function tasks.
 check_arguments = _ops.check_arguments.aio
 
-# Dependencies between tasks (issue 16).
+# Dependencies between tasks.
 parents = _ops.parents.aio
 children = _ops.children.aio
 workflow = _ops.workflow.aio

@@ -80,7 +80,7 @@ class TaskContext:
         self.lease = task.lease
         self.lease_expires_at: datetime = task.lease_expires_at
         self.worker_id = worker_id
-        # Issue 16: the task's parents in depends_on order (status, result, error each), and
+        # The task's parents in depends_on order (status, result, error each), and
         # its workflow. A run-anyway step sees here which parents failed.
         self.parents: tuple[Parent, ...] = task.parents
         self.workflow_id: uuid.UUID | None = task.workflow_id
