@@ -3,6 +3,10 @@
 Event names are fixed (``task.started``, ``task.completed``, ``task.retried``, ``task.dead``,
 ``task.cancelled``, ``task.lease_lost``, ``maintenance.sweep``, ...) and task events always
 carry ``task_id``, ``type`` and ``attempt``, so a log search by id finds a task's whole story.
+
+Under ``pgqueue worker`` the application's own loggers (a handler's
+``logging.getLogger(__name__).info(...)``) print too, in the same format, unless the
+application configured logging itself (:func:`configure_app`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from typing import Any
 logger = logging.getLogger("pgqueue")
 logger.addHandler(logging.NullHandler())  # a library stays quiet until configured
 _configured: tuple[str, str] | None = None  # configure()'s arguments, for a spawned child
+_app_level: str | None = None  # configure_app()'s effective level, likewise (None: untouched)
+
+# --app-log-level's values: the levels an application's loggers print from, or off.
+APP_LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 
 
 # LogRecord's own attributes: a field of that name stays in pgqueue_fields only.
@@ -69,6 +77,8 @@ class TextFormatter(logging.Formatter):
         # multi-line errors) has its line breaks escaped.
         message = record.getMessage().replace("\n", "\\n").replace("\t", " ")
         line = " ".join([f"{ts}Z", f"{record.levelname:<7}", message])
+        if not hasattr(record, "pgqueue_event"):  # another logger's: say whose, and which task
+            line = " ".join([line, *render_fields({"logger": record.name, **_fields(record)})])
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -90,15 +100,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(fmt: str = "text", level: str = "INFO") -> None:
-    """Send pgqueue's events to stderr in ``fmt`` ('text' or 'json')."""
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """pgqueue's own stderr handler: on the root logger, one that configure_app put there,
+    which a later call may replace (any other handler there is the application's)."""
+
+
+def configure(fmt: str = "text", level: str = "INFO", app_level: str | None = None) -> None:
+    """Send pgqueue's events to stderr in ``fmt`` ('text' or 'json'); with ``app_level``,
+    the application's own records too (:func:`configure_app`)."""
     if fmt not in ("text", "json"):
         from pgqueue.errors import ConfigurationError
 
         raise ConfigurationError(f"log format must be 'text' or 'json', not {fmt!r}")
     global _configured
     _configured = (fmt, level)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Handler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
@@ -108,9 +124,40 @@ def configure(fmt: str = "text", level: str = "INFO") -> None:
     driver.handlers[:] = [handler]
     driver.setLevel(max(logging.WARNING, logger.level))
     driver.propagate = False
+    if app_level is not None:
+        configure_app(app_level)
 
 
-def configuration() -> tuple[str, str] | None:
-    """The format and level :func:`configure` was last called with (None: never), so that a
+def configure_app(level: str = "info") -> None:
+    """Print the application's own log records (every logger but pgqueue's and psycopg's,
+    which :func:`configure` already sends) from ``level`` up, in :func:`configure`'s format,
+    through the root logger. Left alone when the root logger already has a handler: the
+    application configured logging itself and its choice wins. ``off``: print none."""
+    global _app_level
+    given = level.strip().lower()
+    if given not in APP_LOG_LEVELS:
+        from pgqueue.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"app log level must be one of {', '.join(APP_LOG_LEVELS)}, not {level!r}"
+        )
+    root = logging.getLogger()
+    if any(not isinstance(h, _Handler) for h in root.handlers) or not logger.handlers:
+        _app_level = None  # the application's own configuration (or pgqueue's is missing)
+        return
+    if given == "off":
+        _app_level = None
+        root.handlers[:] = []
+        return
+    _app_level = given
+    root.handlers[:] = [logger.handlers[0]]  # the same stream and format as pgqueue's lines
+    root.setLevel(given.upper())
+
+
+def configuration() -> tuple[str, str, str | None] | None:
+    """The format and level :func:`configure` was last called with (None: never), and the
+    level :func:`configure_app` applied (None: it left the root logger alone), so that a
     process the worker spawns can log the same way."""
-    return _configured
+    if _configured is None:
+        return None
+    return (*_configured, _app_level)

@@ -107,6 +107,14 @@ SchedulerOption = Annotated[
 ]
 LogFormatOption = Annotated[str, typer.Option(help="text or json.")]
 LogLevelOption = Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")]
+AppLogLevelOption = Annotated[
+    str,
+    typer.Option(
+        help="Print your own code's logging (logging.getLogger(__name__) in a handler) from "
+        "this level up, in --log-format: debug, info, warning, error, or off. Ignored when "
+        "your code configures logging itself (the root logger has a handler).",
+    ),
+]
 MetricsPortOption = Annotated[
     int | None,
     typer.Option(
@@ -230,6 +238,7 @@ class WorkerOptions:
     log_level: str
     metrics_port: int | None
     metrics_host: str
+    app_log_level: str = "info"
     worker_id: str = ""  # empty: the worker makes one up (HOST:PID:RANDOM)
     max_overrunning: int | None = None
     loop_block_threshold: float = 0.1
@@ -265,6 +274,7 @@ def worker(
     scheduler: SchedulerOption = True,
     log_format: LogFormatOption = "text",
     log_level: LogLevelOption = "INFO",
+    app_log_level: AppLogLevelOption = "info",
     metrics_port: MetricsPortOption = None,
     metrics_host: MetricsHostOption = "127.0.0.1",
     worker_id: WorkerIdOption = "",
@@ -288,6 +298,7 @@ def worker(
     from pgqueue.registry import load
 
     log.configure(log_format, log_level)
+    _check_app_log_level(app_log_level)
     _check_early(queue, metrics_port, processes)
     options = WorkerOptions(
         queues=queue or [DEFAULT_QUEUE],
@@ -305,6 +316,7 @@ def worker(
         scheduler=scheduler,
         log_format=log_format,
         log_level=log_level,
+        app_log_level=app_log_level,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         worker_id=worker_id,
@@ -334,11 +346,22 @@ def worker(
     else:
         url = state.url()
         tasks = load(registry)  # fail fast, in the parent too, on a bad MODULE:ATTRIBUTE
+    # After the application's modules are imported: one that configured logging itself wins.
+    log.configure_app(app_log_level)
     if processes > 1:
         raise typer.Exit(_supervise(registry, tasks, processes, options, url))
     code = _run(tasks, url, options)
     if code:
         raise typer.Exit(code)
+
+
+def _check_app_log_level(level: str) -> None:
+    from pgqueue.log import APP_LOG_LEVELS
+
+    if level.strip().lower() not in APP_LOG_LEVELS:
+        raise typer.BadParameter(
+            f"{level!r} is not one of {', '.join(APP_LOG_LEVELS)}", param_hint="'--app-log-level'"
+        )
 
 
 def _check_early(queues: list[str] | None, metrics_port: int | None, processes: int) -> None:
@@ -413,6 +436,7 @@ def _child_argv(registry: str | None, options: WorkerOptions) -> list[str]:
         ("--promote-after", options.promote_after),
         ("--log-format", options.log_format),
         ("--log-level", options.log_level),
+        ("--app-log-level", options.app_log_level),
         ("--loop-blocked-after", options.loop_block_threshold),
     ):
         argv += [name, str(value)]

@@ -105,7 +105,7 @@ class ChildSettings:
     database_url: str
     worker_id: str
     max_result_bytes: int | None
-    log: tuple[str, str] | None  # pgqueue.log.configure's arguments in the worker
+    log: tuple[str, str, str | None] | None  # pgqueue.log.configuration() in the worker
     sys_path: list[str]
     registry: str | None  # module:attribute, for a spawned fork server or child
     parent_pid: int  # the worker: the fork server dies with it
@@ -123,7 +123,7 @@ class ChildSettings:
             database_url=message["database_url"],
             worker_id=message["worker_id"],
             max_result_bytes=message["max_result_bytes"],
-            log=None if log_setting is None else (log_setting[0], log_setting[1]),
+            log=None if log_setting is None else (log_setting[0], log_setting[1], log_setting[2]),
             sys_path=list(message["sys_path"]),
             registry=message["registry"],
             parent_pid=message["parent_pid"],

@@ -14,14 +14,16 @@ import logging
 import signal
 import time
 import traceback
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgqueue import aio, db, migrate
-from pgqueue.config import EXIT_RECYCLE, max_result_bytes, resolve_database_url
-from pgqueue.errors import DatabaseUnavailable
+from pgqueue.config import EXIT_RECYCLE, max_result_bytes, redact, resolve_database_url
+from pgqueue.errors import ConfigurationError, DatabaseUnavailable
 from pgqueue.log import event
 from pgqueue.pooling import resolve_listen_url, resolve_notify, resolve_pooler
 from pgqueue.queries.driver import arun
@@ -263,7 +265,19 @@ class Worker:
             handlers=",".join(self.registry.types),
             pooler=cfg.pooler,
             wake_ups="poll" if self._claimer.polls.adaptive else "notify",
+            **database_fields(self.database_url),
         )
+        for type, queue in unclaimed_queues(self.registry, cfg.queues):
+            event(
+                "worker.queue_not_claimed",
+                logging.WARNING,
+                worker=cfg.worker_id,
+                type=type,
+                queue=queue,
+                claims=",".join(cfg.queues),
+                note=f"{type}'s tasks go to queue {queue!r}, which this worker does not claim: "
+                f"they wait until a worker does (add --queue {queue})",
+            )
         helpers = self._start_helpers(pool)
         if autovacuum == "off":
             event(
@@ -495,3 +509,45 @@ def _abandoned(running: Running) -> None:
         running_s=round(time.monotonic() - running.started, 2),
         note="its handler's thread is still running; the exit ends it",
     )
+
+
+def database_fields(url: str) -> dict[str, str]:
+    """The start line's word on the database: its URL, password masked, and, when it is the
+    embedded server, where that keeps its data (the one thing to know before deleting it)."""
+    fields = {"database": redact(url)}
+    data = embedded_data_dir(url)
+    if data is not None:
+        fields["embedded"] = str(data)
+    return fields
+
+
+def embedded_data_dir(url: str) -> Path | None:
+    """The embedded server's data directory when ``url`` is its (its socket directory is the
+    one its postmaster.pid names), else None. Reads a file: starts no server."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from pgqueue import embedded
+
+    try:
+        socket_dir = parse_qs(urlsplit(url).query).get("host", [""])[0]
+        data = embedded.data_dir()
+        lines = (data / "postmaster.pid").read_text().splitlines()
+    except (ValueError, OSError, ConfigurationError):
+        return None
+    # postmaster.pid: pid, data directory, start time, port, socket directory, ...
+    if socket_dir and len(lines) > 4 and lines[4] and Path(lines[4]) == Path(socket_dir):
+        return data
+    return None
+
+
+def unclaimed_queues(registry: TaskRegistry, claimed: Iterable[str]) -> list[tuple[str, str]]:
+    """(type, queue) for each type of ``registry`` whose declared queue
+    (``@tasks.task(queue=...)``) is not among ``claimed``: its tasks would wait for a worker
+    that is not this one."""
+    claimed = set(claimed)
+    found = []
+    for type in registry.types:
+        handler = registry.get(type)
+        if handler is not None and handler.queue is not None and handler.queue not in claimed:
+            found.append((type, handler.queue))
+    return found
