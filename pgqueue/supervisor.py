@@ -6,7 +6,7 @@ OOM kill) does not take the others down: the supervisor restarts it, with a back
 keeps dying. SIGTERM/SIGINT are passed on to every child (graceful); a second signal is
 passed on too, which makes the children stop at once.
 
-How a child starts (issue 20). **fork** (Linux): the supervisor has imported pgqueue, the
+How a child starts. **fork** (Linux): the supervisor has imported pgqueue, the
 worker and the application's registry once, and each child is forked from that state, so it
 starts in milliseconds instead of importing everything again in a fresh interpreter (on two
 cores, N children doing that at once took a second or more). A child opens its connections

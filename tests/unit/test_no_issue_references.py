@@ -36,7 +36,6 @@ PENDING = frozenset(
         "pgqueue/cli/coercion.py",
         "pgqueue/cli/tasks.py",
         "pgqueue/cli/workflows.py",
-        "pgqueue/supervisor.py",
     }
 )
 
