@@ -212,22 +212,23 @@ def test_status_of_a_task_completed_on_a_retry_labels_the_error_as_an_earlier_at
     lines = _status_lines(database_url, task)
 
     assert lines["status"] == "completed" and lines["attempts"] == "2/3"
-    label = "last error (of an earlier attempt, before the retry that completed)"
-    assert lines[label] == "TimeoutError: upstream slow"
-    assert "last error" not in lines
+    assert lines["last error"] == "TimeoutError: upstream slow"
+    assert lines["error of"] == "an earlier attempt: retried, then completed"
     as_json = json.loads(run_cli(database_url, "--json", "status", str(task)).stdout)
     assert as_json["last_error_summary"] == "TimeoutError: upstream slow"
 
 
 def test_status_of_a_replayed_dead_letter_labels_the_error_as_before_the_replay(database_url, conn):
     [task] = make_dead_letters(conn, 1, error="ValueError: boom")
-    assert _status_lines(database_url, task)["last error"] == "ValueError: boom"
+    dead = _status_lines(database_url, task)
+    assert dead["last error"] == "ValueError: boom" and "error of" not in dead
     pgqueue.replay(conn, [task])
 
     lines = _status_lines(database_url, task)
 
     assert lines["status"] == "queued"
-    assert lines["last error (of an attempt before the replay)"] == "ValueError: boom"
+    assert lines["last error"] == "ValueError: boom"
+    assert lines["error of"] == "an attempt before the replay"
 
 
 def test_status_of_a_task_waiting_for_its_retry_names_the_attempt_that_failed(database_url, conn):
@@ -237,7 +238,8 @@ def test_status_of_a_task_waiting_for_its_retry_names_the_attempt_that_failed(da
 
     lines = _status_lines(database_url, task)
 
-    assert lines["last error (attempt 1, to be retried)"] == "TimeoutError: upstream slow"
+    assert lines["last error"] == "TimeoutError: upstream slow"
+    assert lines["error of"] == "attempt 1: to be retried"
 
 
 # --- schedules no worker declares any more -------------------------------------------------------
