@@ -138,8 +138,9 @@ def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
 
 # A running worker's scheduler declares each of its schedules (updates the row) at least every
 # 5 s; one not declared for this long is declared by no running worker: removed from the
-# code, renamed, or its workers are all stopped. Generous, for a scheduler backing off from
-# database errors and for the clock of this host against the database's.
+# code, renamed, or its workers are all stopped (or run with --no-scheduler). Generous, for
+# a scheduler backing off from database errors and for this host's clock against the
+# database's.
 STALE_AFTER_SECONDS = 300.0
 
 
@@ -149,8 +150,8 @@ def schedules() -> None:
 
     DECLARED says when a worker last declared each schedule (running workers do so every
     few seconds); STALE marks those no running worker has declared for 5 minutes: their code
-    no longer declares them, or none of their workers runs. Their rows stay until deleted
-    (DELETE FROM pgqueue.schedules WHERE name = ...)."""
+    no longer declares them, or none of their workers runs its scheduler. Their rows stay
+    until deleted (DELETE FROM pgqueue.schedules WHERE name = ...); --json gives ``stale``."""
     with connection() as conn:
         rows = ops.list_schedules(conn)
     now = datetime.now(UTC)
@@ -185,8 +186,8 @@ def schedules() -> None:
     if stale:
         human += (
             f"\nSTALE: declared by no running worker for {age(STALE_AFTER_SECONDS)} (removed "
-            "from the code, renamed, or no worker runs): no tick is enqueued; delete the rows "
-            "of removed ones with DELETE FROM pgqueue.schedules WHERE name = '...'"
+            "from the code, renamed, or no worker runs its scheduler): no tick is enqueued; "
+            "delete the rows of removed ones with DELETE FROM pgqueue.schedules WHERE name = '...'"
         )
     emit(rows, human)
 
