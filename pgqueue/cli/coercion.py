@@ -2,7 +2,7 @@
 
 typer 0.29 coerces every option's value through a pydantic ``TypeAdapter`` built on first
 use, so the first option of any command that runs imports pydantic: about 100 ms, a fifth
-of a worker's start (issue 20), to read ``--concurrency 10``. pgqueue's options are strings,
+of a worker's start, to read ``--concurrency 10``. pgqueue's options are strings,
 numbers with bounds, flags and lists of strings. :func:`plain_coercion` gives those a
 coercion that answers alone only where pydantic's answer is certain and the same: a string
 for a ``str``, plain digits within the bounds for an ``int`` or ``float``, a default that is

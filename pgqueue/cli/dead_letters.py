@@ -19,7 +19,7 @@ import typer
 
 from pgqueue import cli
 from pgqueue import operations as ops
-from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter
+from pgqueue.cli.arguments import Limit, QueueFilter, TaskIdArg, TypeFilter, task_ids
 from pgqueue.cli.database import connection, open_client
 from pgqueue.cli.errors import Declined, UsageProblem
 from pgqueue.cli.output import emit, error_lines, more_hint
@@ -36,7 +36,9 @@ group = typer.Typer(
 
 IdsArg = Annotated[
     list[str] | None,
-    typer.Argument(metavar="[ID]...", help="Dead letters by id.", show_default=False),
+    typer.Argument(
+        metavar="[ID]...", help="Dead letters by id.", show_default=False, callback=task_ids
+    ),
 ]
 AllFlag = Annotated[bool, typer.Option("--all", help="Every dead letter.")]
 BatchSize = Annotated[
@@ -259,7 +261,7 @@ def _dead_letter_action(
 
 
 def _selected_ids(task_ids: Sequence[str]) -> list[uuid.UUID] | None:
-    """The ids given, parsed (a malformed one is "no such task") and without repeats."""
+    """The ids given, parsed (each was checked to be a UUID) and without repeats."""
     return list(dict.fromkeys(ops.parse_task_id(i) for i in task_ids)) if task_ids else None
 
 

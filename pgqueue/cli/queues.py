@@ -5,6 +5,7 @@ live in the database and so hold for every worker (``queue pause/resume/list/ret
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -135,19 +136,59 @@ def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
     return line
 
 
+# A running worker's scheduler declares each of its schedules (updates the row) at least every
+# 5 s; one not declared for this long is declared by no running worker: removed from the
+# code, renamed, or its workers are all stopped (or run with --no-scheduler). Generous, for
+# a scheduler backing off from database errors and for this host's clock against the
+# database's.
+STALE_AFTER_SECONDS = 300.0
+
+
 @commands.command()
 def schedules() -> None:
-    """Periodic tasks the workers declared: cron, time zone, last tick and next run."""
+    """Periodic tasks the workers declared: cron, time zone, last tick and next run.
+
+    DECLARED says when a worker last declared each schedule (running workers do so every
+    few seconds); STALE marks those no running worker has declared for 5 minutes: their code
+    no longer declares them, or none of their workers runs its scheduler. Their rows stay
+    until deleted (DELETE FROM pgqueue.schedules WHERE name = ...); --json gives ``stale``."""
     with connection() as conn:
         rows = ops.list_schedules(conn)
+    now = datetime.now(UTC)
+    for row in rows:
+        row["stale"] = (now - row["updated_at"]).total_seconds() > STALE_AFTER_SECONDS
+    stale = [r["name"] for r in rows if r["stale"]]
     human = (
         table(
-            ["NAME", "CRON", "TIME ZONE", "TYPE", "QUEUE", "LAST TICK", "NEXT RUN"],
-            [[r[k] for k in SCHEDULE_COLUMNS] for r in rows],
+            [
+                "NAME",
+                "CRON",
+                "TIME ZONE",
+                "TYPE",
+                "QUEUE",
+                "LAST TICK",
+                "NEXT RUN",
+                "DECLARED",
+                "STATE",
+            ],
+            [
+                [
+                    *(r[k] for k in SCHEDULE_COLUMNS),
+                    age((now - r["updated_at"]).total_seconds()) + " ago",
+                    "STALE" if r["stale"] else "active",
+                ]
+                for r in rows
+            ],
         )
         if rows
         else "no schedules (workers record theirs when they start)"
     )
+    if stale:
+        human += (
+            f"\nSTALE: declared by no running worker for {age(STALE_AFTER_SECONDS)} (removed "
+            "from the code, renamed, or no worker runs its scheduler): no tick is enqueued; "
+            "delete the rows of removed ones with DELETE FROM pgqueue.schedules WHERE name = '...'"
+        )
     emit(rows, human)
 
 
@@ -198,7 +239,7 @@ def queue_pause(
 def queue_resume(name: QueueNameArg) -> None:
     """Let workers claim this queue's tasks again (idle workers are woken at once)."""
     with connection() as conn:
-        queue = ops.resume_queue(conn, name)
+        queue = ops.resume_queue(conn, name, missing_ok=False)
     emit(_queue_dict(queue), _queue_line(queue))
 
 

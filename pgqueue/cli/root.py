@@ -51,7 +51,8 @@ class Entry:
 
     def stand_in(self) -> Any:
         """What a listing needs of the command (its name and summary), without its module."""
-        return typer.core.TyperCommand(name=self.name, help=self.summary)
+        # short_help: listed whole, as plain_help (pgqueue/cli/state.py) lists a group's.
+        return typer.core.TyperCommand(name=self.name, help=self.summary, short_help=self.summary)
 
 
 TREE = (
@@ -180,6 +181,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
+    # click's help is at most 80 columns wide by default, even in a wider terminal.
+    context_settings={"max_content_width": 120},
 )
 app.callback()(main_options)
 

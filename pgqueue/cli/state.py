@@ -115,8 +115,21 @@ def _after_command_option() -> Any:
     return typer.main.get_command(probe).params[0]
 
 
+def plain_help(command: Any) -> None:
+    """Help as click writes it, not in rich's boxes: those cut option names short at 80
+    columns (``--allow-unauthenticat…``) and show a flag as taking a value (``--json
+    <bool>``); click's wraps the help text and keeps every name and summary whole."""
+    command.rich_markup_mode = None
+    # A group lists its commands by their first paragraph, whole: click would cut it to fit
+    # one line ("Submit a task: its payload as --payload JSON, or a function...").
+    for sub in getattr(command, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
+
+
 class RootGroup(typer.core.TyperGroup):
-    """The root command's group: adds ``--json`` to every command and group below it.
+    """The root command's group: adds ``--json`` to every command and group below it, and
+    gives them all plain help (:func:`plain_help`).
 
     Typer builds the click tree anew for each run (and for each ``CliRunner.invoke``), the
     subcommands before the root, so the commands given are all there when this runs; one
@@ -126,6 +139,7 @@ class RootGroup(typer.core.TyperGroup):
         super().__init__(*args, **kwargs)
         self._json_option = _after_command_option()
         plain_coercion(self)  # the root's own options (--database-url, ...)
+        plain_help(self)
         for command in self.commands.values():
             self.with_json_option(command)
 
@@ -137,6 +151,7 @@ class RootGroup(typer.core.TyperGroup):
         pending = [command]
         while pending:
             cmd = pending.pop()
+            plain_help(cmd)
             if not any(p.name == option.name for p in cmd.params):
                 cmd.params.append(option)
             pending.extend(getattr(cmd, "commands", {}).values())

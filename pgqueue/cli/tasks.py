@@ -62,7 +62,7 @@ def describe(task: Task) -> str:
         if task.ready_since is not None and task.ready_since < task.visible_after:
             # Promoted or retried: its wait (the age stats report) began before its run time.
             pairs.append(("ready since", timestamp(task.ready_since)))
-    if task.expires_at is not None:  # issue 15
+    if task.expires_at is not None:
         pairs.append(("expires", timestamp(task.expires_at)))
     if task.snoozes:
         pairs.append(("snoozes", str(task.snoozes)))
@@ -100,7 +100,7 @@ def task_table(tasks: Sequence[Task]) -> str:
     )
 
 
-# Issue 15: the expiry options of enqueue.
+# The expiry options of enqueue.
 ExpiresIn = Annotated[
     float | None,
     typer.Option(

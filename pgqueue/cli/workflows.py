@@ -1,5 +1,5 @@
-"""``pgqueue workflow``: a workflow's status and tasks, cancelling it, waiting for its result
-(issue 16). Thin: each command calls one library function and formats what it returns."""
+"""``pgqueue workflow``: a workflow's status and tasks, cancelling it, waiting for its result.
+Thin: each command calls one library function and formats what it returns."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from pgqueue.cli.arguments import workflow_id
 from pgqueue.cli.database import connection, open_client
 from pgqueue.cli.output import emit
 from pgqueue.errors import ValidationError
@@ -19,7 +20,10 @@ group = typer.Typer(
     no_args_is_help=True,
 )
 
-WorkflowIdArg = Annotated[str, typer.Argument(metavar="WORKFLOW_ID", help="The workflow's id.")]
+WorkflowIdArg = Annotated[
+    str,
+    typer.Argument(metavar="WORKFLOW_ID", help="The workflow's id.", callback=workflow_id),
+]
 
 
 def describe(info: WorkflowInfo) -> str:

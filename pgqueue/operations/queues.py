@@ -65,9 +65,22 @@ def _known_unless_created(queue: str, create: bool, doing: str) -> Op[None]:
 
 
 @operation
-def resume_queue(queue: str, *, now: datetime | None = None) -> Op[QueueState]:
-    """Let workers claim from ``queue`` again; idle workers are woken when you commit."""
-    return queues.queue_resume(check_name("queue", queue), now)
+def resume_queue(
+    queue: str, *, missing_ok: bool = True, now: datetime | None = None
+) -> Op[QueueState]:
+    """Let workers claim from ``queue`` again; idle workers are woken when you commit.
+
+    ``missing_ok=False`` refuses (:class:`~pgqueue.QueueNotFound`) a queue with no tasks and
+    no settings, as :func:`pause_queue` does without ``create``: resuming a typo would report
+    success while the real queue stays paused. The CLI and the HTTP API pass it."""
+    return _resume(check_name("queue", queue), missing_ok, now)
+
+
+def _resume(queue: str, missing_ok: bool, now: datetime | None) -> Op[QueueState]:
+    state = yield from queues.queue_resume(queue, now)
+    if state.updated_at is None and not missing_ok and not (yield from queues.queue_known(queue)):
+        raise QueueNotFound(queue, "nothing to resume (`pgqueue queue list` shows the queues)")
+    return state
 
 
 @operation

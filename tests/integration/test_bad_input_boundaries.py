@@ -942,7 +942,8 @@ def test_bad_task_ids_are_not_found_and_change_nothing(
     key: str, boundary: str, ctx: Context
 ) -> None:
     """Show, cancel, replay and discard by an id that is malformed or unknown: not found
-    (library TaskNotFound, CLI exit 1, HTTP 404 ``not_found``), and no task changes."""
+    (library TaskNotFound, HTTP 404 ``not_found``; the CLI: exit 1 for an unknown id, a usage
+    error naming the argument, exit 2, for a malformed one), and no task changes."""
     task_id = BAD_IDS[key]
     before = snapshot(ctx.db)
     if boundary == "library":
@@ -957,12 +958,19 @@ def test_bad_task_ids_are_not_found_and_change_nothing(
                     bulk(ctx.db, [task_id])
         summary = "`TaskNotFound` (get_task, cancel; replay/discard of a malformed id)"
     elif boundary == "cli":
+        # A malformed id is a usage error naming the argument; a well-formed unknown one is
+        # not found.
+        malformed = key != "unknown-uuid"
         for command in (["status"], ["--json", "status"], ["cancel"], ["dlq", "replay"]):
             result = run_main(ctx.url, *command, task_id)
             as_json = command[0] == "--json"
-            assert cli_problems(result, 1, as_json=as_json) == [], result
-            assert "no task with id" in result.stderr or "(no such task)" in result.stderr
-        summary = f"exit 1: {code(cli_line(result)[:120])}"
+            assert cli_problems(result, 2 if malformed else 1, as_json=as_json) == [], result
+            if malformed:
+                assert "'TASK_ID'" in result.stderr or "'[ID]...'" in result.stderr, result
+                assert "is not a task id (a UUID)" in result.stderr, result
+            else:
+                assert "no task with id" in result.stderr or "(no such task)" in result.stderr
+        summary = f"exit {result.code}: {code(cli_line(result)[:120])}"
     else:
         if key == "empty":
             pytest.skip("an empty path segment is another URL (the collection)")

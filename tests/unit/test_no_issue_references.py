@@ -29,16 +29,6 @@ CHECKED_DIRS = (
 CHECKED_FILES = ("README.md",)
 NOT_CHECKED_DIRS = ("bench/results/",)
 
-# Files still holding references, being edited elsewhere at the same time; each is to be
-# reworded and then removed from this list.
-PENDING = frozenset(
-    {
-        "pgqueue/cli/coercion.py",
-        "pgqueue/cli/tasks.py",
-        "pgqueue/cli/workflows.py",
-    }
-)
-
 THIS_FILE = "tests/unit/test_no_issue_references.py"
 
 # "issue 16", "Issue_15", "issue-20", "issue20", also across a line break inside a comment or
@@ -83,8 +73,6 @@ def checked_files() -> list[str]:
 def test_no_tracked_file_refers_to_an_issue_by_number() -> None:
     offending = []
     for path in checked_files():
-        if path in PENDING:
-            continue
         try:
             text = (ROOT / path).read_text(encoding="utf-8")
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
@@ -95,12 +83,6 @@ def test_no_tracked_file_refers_to_an_issue_by_number() -> None:
         "number), or delete the reference where the sentence stands without it:\n"
         + "\n".join(offending)
     )
-
-
-def test_pending_files_are_still_tracked() -> None:
-    """The pending list names files that exist, so that an entry cannot outlive its file."""
-    tracked = set(checked_files())
-    assert tracked >= PENDING, sorted(PENDING - tracked)
 
 
 def test_the_pattern_finds_references_in_every_form_and_spares_other_projects() -> None:

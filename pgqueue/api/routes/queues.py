@@ -64,12 +64,13 @@ async def remove_queue(name: str, state: AppState) -> QueueRemovedOut:
 @router.post(
     "/queues/{name:pgqueue_name}/resume",
     response_model=QueueOut,
-    responses=responses(*COMMON),
+    responses=responses(404, *COMMON),
 )
 async def resume_queue(name: str, state: AppState) -> QueueOut:
-    """Let workers claim this queue's tasks again; idle workers are woken at once."""
+    """Let workers claim this queue's tasks again; idle workers are woken at once. A queue
+    with no tasks and no settings is refused with 404 (most often a typo)."""
     async with state.connection() as conn:
-        resumed = await aio.resume_queue(conn, name)
+        resumed = await aio.resume_queue(conn, name, missing_ok=False)
     return QueueOut(**dataclasses.asdict(resumed))
 
 
