@@ -229,7 +229,13 @@ def enqueue_columns(
             "payloads", f"must be a list of payloads (dicts), not {_kind(payloads)}"
         )
     limit = config.max_payload_bytes()
-    encoded = [encode_payload({} if p is None else p, limit) for p in payloads]
+    column = list(payloads)
+    encoded = []
+    for index, payload in enumerate(column):
+        try:
+            encoded.append(encode_payload({} if payload is None else payload, limit))
+        except ValidationError as exc:
+            raise in_batch(exc, index, len(column)) from None
     keys = None
     if concurrency_keys is not None:
         keys = _key_column(concurrency_keys, len(encoded), concurrency_key)

@@ -225,10 +225,10 @@ def test_bad_arguments_are_refused_naming_them_by_the_cli_and_http_alike(
     (field,) = answer.json()["errors"]
     assert field["field"].startswith("payload.")
 
-    # The library holding the function gives the very same message.
+    # The library holding the function gives the very same message, saying which item.
     with pytest.raises(pgqueue.InvalidArgument) as caught:
         receipt.enqueue_many(conn, [payload])
-    assert str(caught.value) == message
+    assert str(caught.value) == f"item 0 of 1: {message}"
     assert count_tasks(conn) == 0
 
 
