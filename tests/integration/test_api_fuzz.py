@@ -216,14 +216,19 @@ def api_schema(live_url: str, seeded: Seed) -> schemathesis.BaseSchema:
     known = st.sampled_from(seeded.all_ids).map(lambda task_id: {"task_id": task_id})
 
     workflows = st.sampled_from(seeded.workflows).map(lambda w: {"workflow_id": w})
+    # The seeded tasks' queues: a route that refuses a queue it does not know (resume) is
+    # exercised on one that exists too.
+    queues = st.sampled_from(["default", "images", "work", "x"]).map(lambda q: {"name": q})
 
     @schema.hook
     def before_generate_path_parameters(context: Any, strategy: Any) -> Any:
         operation = getattr(context, "operation", None)
         if operation is not None and "{workflow_id}" in operation.path:
             return st.one_of(workflows, strategy)
+        if operation is not None and operation.path.startswith("/api/v1/queues/{name}"):
+            return st.one_of(queues, strategy)
         if operation is not None and "{task_id}" not in operation.path:
-            return strategy  # a queue's name, say: nothing seeded to draw from
+            return strategy  # a type's name, say: nothing seeded to draw from
         return st.one_of(known, strategy)
 
     return schema
