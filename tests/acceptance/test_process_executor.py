@@ -418,8 +418,20 @@ def test_a_completion_committed_by_the_child_is_not_taken_for_a_lost_lease(
             "committed",
         )
     assert db.execute("SELECT count(*) FROM slow_commits").fetchone() == (6,)
-    completed = [e for e in events(worker, "task.completed") if e["task_id"] in map(str, ids)]
-    assert len(completed) == 6 and all(e["transactional"] for e in completed)
+
+    # The worker logs a completion just after its commit, which the test may see first.
+    def logged() -> list[dict[str, Any]]:
+        wanted = set(map(str, ids))
+        return [e for e in events(worker, "task.completed") if e["task_id"] in wanted]
+
+    wait_until(
+        lambda: len(logged()) == 6,
+        timeout=30,
+        what="the six completions in the worker's log",
+        workers=workers,
+        alive=[worker],
+    )
+    assert all(e["transactional"] for e in logged())
     assert events(worker, "task.lease_lost") == []
 
 
