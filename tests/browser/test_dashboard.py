@@ -18,6 +18,7 @@ set: ``.ci/run`` installs Debian's chromium first and sets it, so CI fails rathe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -252,14 +253,16 @@ class Server:
                 self.process.wait(timeout=20)
 
 
-@pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
-    """``pgqueue serve`` with a token, as a real process on a free port."""
+@contextlib.contextmanager
+def serving(database_url: str, log: Path, tokens: str | None) -> Iterator[Server]:
+    """``pgqueue serve`` as a real process on a free port, with ``tokens`` as its
+    PGQUEUE_API_TOKENS (None: without tokens, on 127.0.0.1), until /healthz answers; stopped
+    on leaving. Its output goes to ``log``."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_API_")}
     env.pop("PGQUEUE_DATABASE_URL", None)
-    env["PGQUEUE_API_TOKENS"] = TOKEN
-    log = tmp_path / "serve.log"
+    if tokens is not None:
+        env["PGQUEUE_API_TOKENS"] = tokens
     command = [sys.executable, "-m", "pgqueue", "--database-url", database_url, "serve"]
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -283,6 +286,13 @@ def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
+    """``pgqueue serve`` with a token, as a real process on a free port."""
+    with serving(database_url, tmp_path / "serve.log", TOKEN) as running:
+        yield running
 
 
 @pytest.fixture

@@ -7,21 +7,17 @@ API answers 400 ``host_not_allowed`` and no task reaches the page; the same dash
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
 # Importing test_dashboard also skips this module where it skips (no Chromium), and fails
 # where it fails (PGQUEUE_REQUIRE_BROWSER without one).
 import test_dashboard as dashboard
-from test_dashboard import CHROMIUM, Server, expect, free_port, sync_api, wait_until
+from test_dashboard import CHROMIUM, Server, expect, serving, sync_api, wait_until
 
 import pgqueue
 
@@ -32,33 +28,8 @@ SECRET = "card-4242-rebinding-secret"
 @pytest.fixture
 def tokenless(database_url: str, tmp_path: Path) -> Iterator[Server]:
     """``pgqueue serve`` without tokens, on 127.0.0.1 (its default), as a real process."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_API_")}
-    env.pop("PGQUEUE_DATABASE_URL", None)
-    log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "pgqueue", "--database-url", database_url, "serve"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, "--port", str(port), "--log-level", "warning"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    running = Server(f"http://127.0.0.1:{port}", process)
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"pgqueue serve exited with {process.returncode}: {log.read_text()}")
-        try:
-            return httpx.get(f"{running.base}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(healthy, 60, "pgqueue serve to answer /healthz")
+    with serving(database_url, tmp_path / "serve.log", None) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture

@@ -4,21 +4,17 @@ at sign-in with a message saying it cannot read the dashboard."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
 # Importing test_dashboard also skips this module where it skips (no Chromium), and fails
 # where it fails (PGQUEUE_REQUIRE_BROWSER without one).
 import test_dashboard as dashboard
-from test_dashboard import Server, expect, free_port, wait_until
+from test_dashboard import Server, expect, serving
 
 import pgqueue
 
@@ -30,34 +26,8 @@ METRICS = "metrics-" + "8" * 32
 @pytest.fixture
 def scoped_server(database_url: str, tmp_path: Path) -> Iterator[Server]:
     """``pgqueue serve`` with a read token and a metrics token only."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGQUEUE_API_")}
-    env.pop("PGQUEUE_DATABASE_URL", None)
-    env["PGQUEUE_API_TOKENS"] = f"read:{READ},metrics:{METRICS}"
-    log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "pgqueue", "--database-url", database_url, "serve"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*command, "--port", str(port), "--log-level", "warning"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    running = Server(f"http://127.0.0.1:{port}", process)
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            pytest.fail(f"pgqueue serve exited with {process.returncode}: {log.read_text()}")
-        try:
-            return httpx.get(f"{running.base}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(healthy, 60, "pgqueue serve to answer /healthz")
+    with serving(database_url, tmp_path / "serve.log", f"read:{READ},metrics:{METRICS}") as running:
         yield running
-    finally:
-        running.stop()
 
 
 def sign_in(page: Any, server: Server, token: str, route: str = "") -> None:
