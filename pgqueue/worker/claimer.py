@@ -103,8 +103,10 @@ class Claimer:
         self._declarations = list(declarations)
         self._limits_checked = -LIMITS_RECHECK_SECONDS
         self._marked = False
-        # Set once the first claim has been tried: what can wait for it waits (maintenance),
-        # so that it does not compete with the first claim for connections.
+        # Set once the first claim statement has returned (or failed): what can wait for it
+        # waits (maintenance, the pool's growth), so that it does not compete with the first
+        # claim for connections. Not the start mark after it: a mark that waits on a lock
+        # would then hold back the very sweep that takes such a claim back.
         self.first_claim_tried = asyncio.Event()
         self.polls = PollSchedule(config.poll_interval, adaptive=adaptive)
         # Without notifications no release is announced either: walk from the start whenever
@@ -184,6 +186,7 @@ class Claimer:
         starts = self.starts.next()
         began = time.monotonic()
         claimed = await self._claim_from(conn, want, starts)
+        self.first_claim_tried.set()
         unkeyed = [t for t in claimed if t.concurrency_key is None]
         self.starts.claimed(unkeyed, starts=starts, seconds=time.monotonic() - began)
         if len(unkeyed) < len(claimed):

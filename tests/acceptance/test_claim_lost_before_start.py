@@ -104,3 +104,67 @@ def test_a_claim_swept_before_its_start_mark_is_not_started_by_the_late_worker(
     assert task(db, task_id).attempts == 1
     notes = [e for e in late.events() if e.get("event") == "task.lease_lost"]
     assert [e.get("task_id") for e in notes] == [str(task_id)]
+
+
+# Every update of a start mark waits for advisory lock 7 (the first mark of an owner is an
+# insert, and goes through): a worker's very first claim can then be held at its mark.
+MARK_WAITS_FOR_LOCK = """
+CREATE FUNCTION mark_waits() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock(7); RETURN NEW; END $$;
+CREATE TRIGGER mark_waits BEFORE UPDATE ON pgqueue.lease_starts
+   FOR EACH ROW EXECUTE FUNCTION mark_waits();
+"""
+
+
+def test_the_sweep_runs_while_the_first_claims_start_mark_waits(
+    db: psycopg.Connection[Any],  # noqa: F811
+    database_url: str,
+    workers: Workers,
+) -> None:
+    """The worker's maintenance starts once its first claim statement has returned, not once
+    that claim's start mark has: a mark held by a lock must not hold back the sweep that takes
+    the unstarted claim back (the task waiting before the worker starts makes the first claim
+    the one that takes it)."""
+    db.execute(MARK_WAITS_FOR_LOCK)
+    (task_id,) = enqueue(db, {"type": "noop"})
+    with psycopg.connect(database_url) as locker:
+        locker.execute("SELECT pg_advisory_xact_lock(7)")
+        late = workers.start(
+            database_url,
+            "--concurrency",
+            "1",
+            "--lease-seconds",
+            "1",
+            *FAST,
+            "--log-format",
+            "json",
+        )
+        wait_until(
+            lambda: task(db, task_id).started_at is not None,
+            timeout=30,
+            what="the first claim",
+            workers=workers,
+            alive=[late],
+        )
+        wait_until(
+            lambda: status_of(db, task_id) == "queued",
+            timeout=30,
+            what="the sweep to take the first claim back",
+            workers=workers,
+            alive=[late],
+        )
+        assert task(db, task_id).attempts == 0
+        assert executions(db, task_id) == []
+        locker.rollback()
+    # Released, the mark goes through; the late worker finds its claim gone and says so, and
+    # then claims and runs the task again itself, as its first attempt.
+    wait_until(
+        lambda: status_of(db, task_id) == "completed",
+        timeout=60,
+        what="the task to run once the mark is released",
+        workers=workers,
+        alive=[late],
+    )
+    assert executions(db, task_id) == [(1, late.pid)]
+    notes = [e for e in late.events() if e.get("event") == "task.lease_lost"]
+    assert [e.get("task_id") for e in notes] == [str(task_id)]
