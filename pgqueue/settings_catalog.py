@@ -151,7 +151,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "PGQUEUE_API_ALLOW_UNAUTHENTICATED",
-        "0",
+        "off",
         "`pgqueue serve`",
         "`1`: without tokens, answer requests from other machines too (for when something in "
         "front of the API authenticates).",

@@ -84,3 +84,40 @@ def test_every_flag_in_the_table_is_an_option_of_that_command() -> None:
     for s in SETTINGS:
         for flag in s.flags:
             assert flag in options, f"{s.env}: {flag!r} is no option of pgqueue"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def test_the_numeric_defaults_are_the_codes() -> None:
+    from pgqueue import config, embedded
+    from pgqueue.api import settings as api
+
+    expected: dict[str, float] = {
+        "PGQUEUE_MAX_PAYLOAD_BYTES": config.DEFAULT_MAX_PAYLOAD_BYTES,
+        "PGQUEUE_MAX_RESULT_BYTES": config.DEFAULT_MAX_RESULT_BYTES,
+        "PGQUEUE_MAX_SNOOZES": config.DEFAULT_MAX_SNOOZES,
+        "PGQUEUE_SNAPSHOT_WARN_SECONDS": config.DEFAULT_SNAPSHOT_WARN_SECONDS,
+        "PGQUEUE_EMBEDDED_PG_VERSION": embedded.DEFAULT_VERSION,
+        "PGQUEUE_API_MAX_WAITERS": api.DEFAULT_MAX_WAITERS,
+        "PGQUEUE_API_WAIT_POLL_SECONDS": api.DEFAULT_WAIT_POLL,
+        "PGQUEUE_API_BODY_TIMEOUT": api.DEFAULT_BODY_TIMEOUT,
+    }
+    # An option that falls back to a variable has its default in the command itself.
+    for _path, command, _ctx in cli_page.commands():
+        for param in command.params:
+            env = param.envvar if isinstance(param.envvar, str) else None
+            if (
+                env
+                and isinstance(param.default, int | float)
+                and not isinstance(param.default, bool)
+            ):
+                expected[env] = param.default
+    numeric = {s.env: _number(s.default) for s in SETTINGS if _number(s.default) is not None}
+    assert set(numeric) <= set(expected), sorted(set(numeric) - set(expected))
+    for env, value in numeric.items():
+        assert value == expected[env], f"{env}: the table says {value}, the code {expected[env]}"
