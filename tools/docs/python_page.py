@@ -49,6 +49,42 @@ OPTIONS = """\
 """
 
 
+# Modules a user imports by name, beyond ``import pgqueue``, each documented with its
+# ``__all__`` or, for a module without one, the names listed here.
+MODULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "pgqueue.testing",
+        "Testing code that uses pgqueue: an in-process worker, a call with a "
+        "real `TaskContext`, eager mode. See [Testing your tasks](../testing.md).",
+        (),
+    ),
+    (
+        "pgqueue.contrib.celery",
+        "Moving from Celery: tasks moved one at a time, Celery's "
+        "messages forwarded. See [Coming from Celery](../from-celery.md).",
+        (
+            "moved",
+            "MovedTask",
+            "MovedResult",
+            "forward",
+            "ForwardReport",
+            "destinations",
+            "Destination",
+            "CeleryMessage",
+            "Unforwardable",
+        ),
+    ),
+)
+
+MODULE_OPTIONS = """\
+    options:
+      heading_level: 3
+      show_root_heading: true
+      show_root_full_path: true
+      members_order: source
+"""
+
+
 def homes() -> dict[str, str]:
     """Each public name -> the module it lives in (as ``pgqueue.__getattr__`` finds it)."""
     import pgqueue
@@ -90,5 +126,10 @@ def render() -> str:
         "",
         aio + ".",
         "",
+        "## Beyond `import pgqueue`",
+        "",
     ]
+    for module, about, members in MODULES:
+        listed = f"      members: [{', '.join(members)}]\n" if members else ""
+        out += [about, "", f"::: {module}", MODULE_OPTIONS + listed]
     return "\n".join(out)
