@@ -81,7 +81,9 @@ def test_the_configuration_page_links_only_to_pages_that_exist() -> None:
 
 def test_the_python_page_documents_every_public_name() -> None:
     page = python_page.render().split("## Beyond", 1)[0]
-    documented = set(re.findall(r"^::: pgqueue\.[\w.]+\.(\w+)$", page, re.MULTILINE))
+    documented = set(re.findall(r"^::: pgqueue\.(?:[\w.]+\.)?(\w+)$", page, re.MULTILINE))
+    anchored = set(re.findall(r'^<a id="pgqueue\.(\w+)"></a>$', page, re.MULTILINE))
+    assert anchored == {"enqueue"}, "a name shadowed by a submodule is anchored by hand"
     assert documented == set(pgqueue.__all__) - {"__version__"}
     assert "`enqueue`" in page.split("## Async", 1)[1]
 

@@ -156,7 +156,7 @@ def _pending_link(match: re.Match[str], page: str) -> str | None:
     resolved = posixpath.normpath(posixpath.join(posixpath.dirname(page), target))
     if resolved not in _pending:
         return None
-    log.info("%s: the link to %s, not written yet, is left as text", page, resolved)
+    log.debug("%s: the link to %s, not written yet, is left as text", page, resolved)
     return match.group(1)
 
 

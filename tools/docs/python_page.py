@@ -38,7 +38,7 @@ INTRO = """\
 
 Everything `import pgqueue` offers (its `__all__`), generated from the docstrings. Importing
 `pgqueue` loads only its `__init__`: each name is imported from its module the first time it is
-used. Every name below is used as `pgqueue.NAME`, whatever module it is documented from.
+used. Link to a name as `reference/python.md#pgqueue.NAME`.
 """
 
 OPTIONS = """\
@@ -104,6 +104,17 @@ def async_names() -> list[str]:
     )
 
 
+def _entry(name: str, home: str) -> list[str]:
+    """The directive for ``pgqueue.NAME``, whose anchor is ``#pgqueue.NAME``. A name that is also
+    a submodule's (``pgqueue.enqueue``, the function, and ``pgqueue/enqueue.py``) is documented
+    from its home, and given its ``pgqueue.NAME`` anchor by hand."""
+    import importlib.util
+
+    if importlib.util.find_spec(f"pgqueue.{name}") is None:
+        return [f"::: pgqueue.{name}", OPTIONS]
+    return [f'<a id="pgqueue.{name}"></a>', "", f"::: {home}.{name}", OPTIONS]
+
+
 def render() -> str:
     """The page's Markdown."""
     where = homes()
@@ -115,7 +126,7 @@ def render() -> str:
     for title, about, modules in GROUPS:
         out += [f"## {title}", "", about, ""]
         for name in sorted(n for n, m in where.items() if m in modules):
-            out += [f"::: {where[name]}.{name}", OPTIONS]
+            out += _entry(name, where[name])
     aio = ", ".join(f"`{n}`" for n in async_names())
     out += [
         "## Async: `pgqueue.aio`",
