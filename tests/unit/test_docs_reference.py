@@ -155,3 +155,44 @@ def test_the_modules_beyond_pgqueue_list_only_names_they_define() -> None:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         }
         assert set(members) <= defined, (module, sorted(set(members) - defined))
+
+
+def _rewrite(markdown: str, repo_url: str = "") -> str:
+    """``markdown`` as docs/deployment.md, through the hooks' link rewriting."""
+
+    class File:
+        src_uri = "deployment.md"
+
+    class Page:
+        file = File()
+
+    config = {"docs_dir": str(ROOT / "docs"), "repo_url": repo_url}
+    return hooks.on_page_markdown(markdown, Page(), config, None)
+
+
+def test_a_link_outside_the_docs_names_the_file_in_the_repository() -> None:
+    assert _rewrite("See [the manifests](../deploy/).") == (
+        "See the manifests (`deploy` in the repository)."
+    )
+    assert _rewrite("[bench/RESULTS.md](../bench/RESULTS.md#pooler)") == (
+        "`bench/RESULTS.md` (in the repository)"
+    )
+    assert _rewrite("[grants](../pgqueue/sql/grants.sql)", "https://example.org/pgqueue") == (
+        "[grants](https://example.org/pgqueue/blob/main/pgqueue/sql/grants.sql)"
+    )
+
+
+def test_links_inside_the_docs_and_in_code_blocks_are_left_alone() -> None:
+    text = "[security](security.md) and\n\n```python\nx = [a](../bench/RESULTS.md)\n```\n"
+    assert _rewrite(text) == text
+
+
+def test_a_link_to_a_page_not_written_yet_is_its_text_while_that_is_allowed() -> None:
+    hooks._pending.update({"how-to/tasks.md"})
+    try:
+        assert _rewrite("see [the tasks guide](how-to/tasks.md#idempotency)") == (
+            "see the tasks guide"
+        )
+    finally:
+        hooks._pending.clear()
+    assert _rewrite("[the tasks guide](how-to/tasks.md)") == "[the tasks guide](how-to/tasks.md)"
