@@ -201,6 +201,9 @@ class PgQueueBackend(BaseTaskBackend):  # type: ignore[misc]
             errors.append(
                 checks.Error(
                     f"pgqueue needs PostgreSQL: DATABASES[{self.database!r}] uses {engine}",
+                    hint="Set its ENGINE to 'django.db.backends.postgresql' with psycopg 3 "
+                    "installed (pip install 'psycopg[binary]'), or point OPTIONS['DATABASE'] "
+                    "at an alias that is.",
                     id="pgqueue.E002",
                 )
             )
