@@ -60,6 +60,9 @@ def test_check_reports_e002_for_a_fresh_project_on_sqlite(sqlite_project: Path) 
     assert checked.returncode == 1, (checked.stdout, checked.stderr)
     assert "pgqueue.E002" in checked.stderr
     assert "pgqueue needs PostgreSQL: DATABASES['default'] uses" in checked.stderr
+    assert "HINT: Set DATABASES['default']['ENGINE'] to 'django.db.backends.postgresql'" in (
+        checked.stderr
+    )
 
 
 def test_migrate_stops_at_e002_before_pgqueues_migration(sqlite_project: Path) -> None:
