@@ -85,6 +85,17 @@ def _pgqueue_args(words: list[str]) -> list[str] | None:
     return None
 
 
+def runnable(block: Block) -> bool:
+    """Whether the runner does anything with ``block`` (a page with none needs no database)."""
+    if block.skip is not None:
+        return False
+    if block.kind in ("file", "python"):
+        return True
+    if block.kind == "console":
+        return any(_words(c.text)[:1] and _words(c.text)[0] in RUN for c in commands(block))
+    return False
+
+
 def _background(words: list[str]) -> str | None:
     """``worker`` or ``serve`` for a command that runs until stopped; else None."""
     args = _pgqueue_args(words)

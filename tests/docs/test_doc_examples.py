@@ -6,19 +6,24 @@ Each page is one session (tests/docs/doc_session.py): a fresh migrated database 
 executed, console commands run (workers and servers in the background). What a page may say
 to the runner, and how, is in tests/docs/doc_blocks.py.
 
+Writing a page: ``PGQUEUE_DOCS_KEEP_GOING=1 python -m pytest tests/docs -k PAGE`` reports
+every failing block of the page, not only the first.
+
 A block that cannot run says why (``<!-- docs-test: skip REASON -->``); those stay few:
 ``MAX_SKIPPED_PYTHON_BLOCKS`` is a ratchet, lowered as pages learn to run their blocks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from doc_blocks import Page, parse_page
-from doc_session import REPOSITORY, PageSession, free_port
+from doc_session import REPOSITORY, PageSession, free_port, runnable
 
 from pgqueue import defaults
 
@@ -26,6 +31,9 @@ from pgqueue import defaults
 # never raise it to let a block off running.
 MAX_SKIPPED_PYTHON_BLOCKS = 12
 PAGE_TIMEOUT = 180
+# Set (to anything) to go on after a failing block and report every failure of a page, when
+# writing one: the blocks after a failure may fail only because of it.
+KEEP_GOING = "PGQUEUE_DOCS_KEEP_GOING"
 
 
 def page_paths() -> list[str]:
@@ -63,10 +71,12 @@ def session_order(path: str) -> list[Page]:
     return order
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def page_session(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[PageSession]:
+    """A session in ``tmp_path``: its environment, working directory and ``sys.path`` set
+    with ``monkeypatch``; its processes stopped, its modules forgotten at the end."""
     directory = tmp_path / "page"
     directory.mkdir()
     session = PageSession(directory, database_url, free_port())
@@ -96,10 +106,25 @@ def page_session(
 
 @pytest.mark.timeout(PAGE_TIMEOUT)
 @pytest.mark.parametrize("page", PAGES)
-def test_page_examples_run(page: str, page_session: PageSession) -> None:
-    for current in session_order(page):
-        for block in current.blocks:
-            page_session.run(block)
+def test_page_examples_run(
+    page: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks = [block for current in session_order(page) for block in current.blocks]
+    if not any(runnable(block) for block in blocks):
+        return  # prose, SQL and output only: no database to make
+    database_url = request.getfixturevalue("database_url")
+    keep_going = bool(os.environ.get(KEEP_GOING))
+    failures: list[str] = []
+    with page_session(database_url, tmp_path, monkeypatch) as session:
+        for block in blocks:
+            try:
+                session.run(block)
+            except pytest.fail.Exception as exc:
+                if not keep_going:
+                    raise
+                failures.append(str(exc))
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)
 
 
 def test_every_page_parses_and_its_after_pages_exist() -> None:
