@@ -40,6 +40,8 @@ from doc_blocks import Block, Command, commands, python_source
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 RUN = frozenset({"pgqueue", "python", "python3", "curl"})
+# ``python -m pip``/``venv``: installing, as ``pip`` is; shown, not run.
+INSTALLING = frozenset({"pip", "venv", "ensurepip"})
 BACKGROUND = frozenset({"worker", "serve"})
 COMMAND_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
@@ -85,6 +87,14 @@ def _pgqueue_args(words: list[str]) -> list[str] | None:
     return None
 
 
+def runs(words: list[str]) -> bool:
+    """Whether a command of these words is run (else it is shown only)."""
+    if not words or words[0] not in RUN:
+        return False
+    installing = words[0].startswith("python") and words[1:2] == ["-m"] and len(words) > 2
+    return not (installing and words[2] in INSTALLING)
+
+
 def runnable(block: Block) -> bool:
     """Whether the runner does anything with ``block`` (a page with none needs no database)."""
     if block.skip is not None:
@@ -92,7 +102,7 @@ def runnable(block: Block) -> bool:
     if block.kind in ("file", "python"):
         return True
     if block.kind == "console":
-        return any(_words(c.text)[:1] and _words(c.text)[0] in RUN for c in commands(block))
+        return any(runs(_words(c.text)) for c in commands(block))
     return False
 
 
@@ -155,6 +165,10 @@ class PageSession:
                 p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p
             ),
             "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            # An embedded server a command starts (``pgqueue embedded url``) is the page's own,
+            # stopped at its end: never the one in the user data directory of whoever runs
+            # the tests.
+            "PGQUEUE_HOME": str(directory.parent / "pgqueue-home"),
         }
 
     # -- the blocks ---------------------------------------------------------------------
@@ -216,7 +230,7 @@ class PageSession:
     def run_command(self, block: Block, command: Command) -> None:
         text = self.substitute(command.text)
         words = _words(text)
-        if not words or words[0] not in RUN:
+        if not runs(words):
             return  # shown, not run (pip, psql, docker, export, ...)
         what = _background(words)
         if what is None and text.rstrip().endswith("&") and not text.rstrip().endswith("&&"):
@@ -311,9 +325,18 @@ class PageSession:
         ]
 
     def close(self) -> None:
-        """Stop every background process, then close the event loop."""
+        """Stop every background process and the page's embedded server, if a command started
+        one; then close the event loop."""
         try:
             for started in self.background:
                 started.stop()
+            if Path(self.env["PGQUEUE_HOME"]).exists():
+                subprocess.run(
+                    [sys.executable, "-m", "pgqueue", "embedded", "stop"],
+                    env=self.process_env(),
+                    capture_output=True,
+                    timeout=COMMAND_TIMEOUT,
+                    check=False,
+                )
         finally:
             self.runner.close()

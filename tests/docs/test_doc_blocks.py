@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from doc_blocks import DocBlockError, commands, parse_page, python_source
-from doc_session import PageSession, _background, _words
+from doc_session import PageSession, _background, _words, runs
 
 
 def test_a_python_block_whose_first_line_is_a_path_is_a_file() -> None:
@@ -113,6 +113,18 @@ def test_which_commands_run_in_the_background() -> None:
     assert _background(_words("pgqueue worker --help")) is None
     assert _background(_words("pgqueue status 3f1c")) is None
     assert _background(_words("curl localhost:8000/healthz")) is None
+
+
+def test_which_commands_run_and_which_are_shown() -> None:
+    assert runs(_words("pgqueue migrate"))
+    assert runs(_words("python app/checkout.py"))
+    assert runs(_words("PGQUEUE_LOG_FORMAT=json python3 -m pgqueue list"))
+    assert runs(_words("curl -s localhost:8000/healthz | python -m json.tool"))
+    assert not runs(_words("python3 -m venv .venv"))
+    assert not runs(_words("python -m pip install 'pgqueue-jobs[api]'"))
+    assert not runs(_words("pip install 'pgqueue-jobs[api]'"))
+    assert not runs(_words("export PGQUEUE_DATABASE_URL=postgresql://localhost/app"))
+    assert not runs(_words("psql \"$PGQUEUE_DATABASE_URL\" -c 'TABLE pgqueue.queue_depth'"))
 
 
 def test_port_8000_becomes_the_page_port(tmp_path: object) -> None:
