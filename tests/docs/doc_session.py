@@ -6,7 +6,9 @@ background processes (tests/docs/test_doc_examples.py; the contract is in doc_bl
   allowed; a block that awaits runs on the page's one event loop, so that async objects made
   in one block still work in the next. A traceback's line numbers are the page's.
 - Console commands starting ``pgqueue``, ``python`` or ``curl`` run in the page's directory
-  with the page's environment and must exit 0; ``pgqueue worker`` and ``pgqueue serve`` start
+  with the page's environment (in bash, with ``pipefail``) and must exit 0 (a ``curl``
+  answered with an HTTP error status fails, unless it shows the status itself: ``-i``,
+  ``-w``, ``-f``); ``pgqueue worker`` and ``pgqueue serve`` start
   in the background (a worker once it logged ``worker.started``, serve once it answers
   /healthz) and get SIGTERM at the page's end (SIGKILL 10 s later). Other commands are shown.
 - ``localhost:8000``, ``127.0.0.1:8000`` and ``--port 8000`` anywhere in the page mean the
@@ -85,6 +87,46 @@ def _pgqueue_args(words: list[str]) -> list[str] | None:
     if len(words) >= 3 and words[0] in ("python", "python3") and words[1:3] == ["-m", "pgqueue"]:
         return words[3:]
     return None
+
+
+def strip_comment(text: str) -> str:
+    """``text`` without a trailing shell comment (a ``#`` after a blank, outside quotes)."""
+    quote = ""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and quote != "'":
+            i += 2  # an escaped character, whatever it is
+            continue
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or text[i - 1] in " \t"):
+            return text[:i].rstrip()
+        i += 1
+    return text
+
+
+# curl options with which the command shows or handles an HTTP error status itself.
+_CURL_STATUS_LONG = frozenset(
+    {"--fail", "--fail-with-body", "--include", "--head", "--write-out", "--verbose"}
+)
+_CURL_STATUS_SHORT = frozenset("fiIwv")
+
+
+def curl_fails_on_http_errors(text: str, words: list[str]) -> str:
+    """A ``curl`` command with ``--fail-with-body`` added (exit 22 on a 4xx or 5xx answer, the
+    body still shown), unless it shows or handles the status itself (``-f``, ``-i``, ``-w``,
+    ...): a documented request that is refused is a failing example, not a passing one."""
+    if not words or words[0] != "curl":
+        return text
+    for word in words[1:]:
+        if word in _CURL_STATUS_LONG:
+            return text
+        if word.startswith("-") and not word.startswith("--") and _CURL_STATUS_SHORT & set(word):
+            return text
+    return re.sub(r"(^|\s)curl(?=\s)", r"\1curl --fail-with-body", text, count=1)
 
 
 def runs(words: list[str]) -> bool:
@@ -228,8 +270,9 @@ class PageSession:
         )
 
     def run_command(self, block: Block, command: Command) -> None:
-        text = self.substitute(command.text)
+        text = strip_comment(self.substitute(command.text))
         words = _words(text)
+        text = curl_fails_on_http_errors(text, words)
         if not runs(words):
             return  # shown, not run (pip, psql, docker, export, ...)
         what = _background(words)
@@ -240,7 +283,7 @@ class PageSession:
             return
         try:
             done = subprocess.run(
-                ["bash", "-c", text],
+                ["bash", "-o", "pipefail", "-c", text],
                 cwd=self.directory,
                 env=self.process_env(),
                 capture_output=True,
@@ -274,7 +317,7 @@ class PageSession:
         log = self.directory.parent / f"background-{len(self.background)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                ["bash", "-c", text],
+                ["bash", "-o", "pipefail", "-c", text],
                 cwd=self.directory,
                 env=self.process_env(),
                 stdout=out,

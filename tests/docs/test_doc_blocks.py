@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 from doc_blocks import DocBlockError, commands, parse_page, python_source
-from doc_session import PageSession, _background, _words, runs
+from doc_session import (
+    PageSession,
+    _background,
+    _words,
+    curl_fails_on_http_errors,
+    runs,
+    strip_comment,
+)
 
 
 def test_a_python_block_whose_first_line_is_a_path_is_a_file() -> None:
@@ -125,6 +132,28 @@ def test_which_commands_run_and_which_are_shown() -> None:
     assert not runs(_words("pip install 'pgqueue-jobs[api]'"))
     assert not runs(_words("export PGQUEUE_DATABASE_URL=postgresql://localhost/app"))
     assert not runs(_words("psql \"$PGQUEUE_DATABASE_URL\" -c 'TABLE pgqueue.queue_depth'"))
+
+
+def test_a_trailing_comment_is_not_part_of_the_command() -> None:
+    assert strip_comment("pgqueue serve   # in another terminal") == "pgqueue serve"
+    assert strip_comment("pgqueue enqueue x --payload '{\"#\": 1}' # c") == (
+        "pgqueue enqueue x --payload '{\"#\": 1}'"
+    )
+    assert strip_comment("curl localhost:8000/a#b") == "curl localhost:8000/a#b"
+    assert strip_comment('echo "a\\" #b" # c') == 'echo "a\\" #b"'
+
+
+def test_curl_fails_on_an_http_error_unless_it_shows_the_status() -> None:
+    def fixed(text: str) -> str:
+        return curl_fails_on_http_errors(text, _words(text))
+
+    assert fixed("curl -s localhost:8000/x") == "curl --fail-with-body -s localhost:8000/x"
+    assert fixed("T=1 curl -s a | python -m json.tool") == (
+        "T=1 curl --fail-with-body -s a | python -m json.tool"
+    )
+    for shows in ("curl -i a", "curl -fsS a", "curl -w '%{http_code}' a", "curl --head a"):
+        assert fixed(shows) == shows
+    assert fixed("pgqueue status x") == "pgqueue status x"
 
 
 def test_port_8000_becomes_the_page_port(tmp_path: object) -> None:

@@ -6,6 +6,7 @@ that name the page's line."""
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -119,6 +120,11 @@ def test_serve_answers_curl_on_the_pages_port(run_page: Callable[[str], PageSess
     assert session.namespace["status"] == 200
     [server] = session.background
     assert f"--port {session.port}" in server.command.text
+    # A documented request the server refuses is a failing example.
+    missing = "```console\n$ curl -s localhost:8000/api/v1/tasks/" + str(uuid.uuid4()) + "\n```\n"
+    with pytest.raises(pytest.fail.Exception, match="exited 22"):
+        for block in parse_page("docs/sample.md", missing).blocks:
+            session.run(block)
 
 
 def test_a_failing_block_names_the_page_and_its_line(
