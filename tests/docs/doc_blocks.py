@@ -85,10 +85,12 @@ class Page:
 
 @dataclass(frozen=True)
 class Command:
-    """One ``$ `` command of a console block (continuations joined), and its page line."""
+    """One ``$ `` command of a console block (continuations joined), its page line, and the
+    output the page shows for it (the lines up to the next command)."""
 
     line: int
     text: str
+    output: str = ""
 
 
 def _dedent(line: str, indent: str) -> str:
@@ -189,8 +191,12 @@ def commands(block: Block) -> list[Command]:
             i += 1
             parts.append(lines[i])
         text = " ".join(p.strip() for p in parts).strip()
+        output: list[str] = []
+        while i + 1 < len(lines) and not lines[i + 1].startswith("$ "):
+            i += 1
+            output.append(lines[i])
         if text:
-            found.append(Command(block.line + start, text))
+            found.append(Command(block.line + start, text, "\n".join(output)))
         i += 1
     return found
 

@@ -8,7 +8,8 @@ background processes (tests/docs/test_doc_examples.py; the contract is in doc_bl
 - Console commands starting ``pgqueue``, ``python`` or ``curl`` run in the page's directory
   with the page's environment (in bash, with ``pipefail``) and must exit 0 (a ``curl``
   answered with an HTTP error status fails, unless it shows the status itself: ``-i``,
-  ``-w``, ``-f``); ``pgqueue worker`` and ``pgqueue serve`` start
+  ``-w``, ``-f``, or the page shows the error's body, ``{"error": ...}``, as its output:
+  then that answer must be an error); ``pgqueue worker`` and ``pgqueue serve`` start
   in the background (a worker once it logged ``worker.started``, serve once it answers
   /healthz) and get SIGTERM at the page's end (SIGKILL 10 s later). Other commands are shown.
 - ``localhost:8000``, ``127.0.0.1:8000`` and ``--port 8000`` anywhere in the page mean the
@@ -115,6 +116,14 @@ _CURL_STATUS_LONG = frozenset(
 _CURL_STATUS_SHORT = frozenset("fiIwv")
 
 
+_ERROR_ANSWER = re.compile(r'"error"\s*:')
+
+
+def shows_an_error(command: Command) -> bool:
+    """The page shows this command answered with pgqueue's error body (``{"error": ...}``)."""
+    return bool(_ERROR_ANSWER.search(command.output))
+
+
 def curl_fails_on_http_errors(text: str, words: list[str]) -> str:
     """A ``curl`` command with ``--fail-with-body`` added (exit 22 on a 4xx or 5xx answer, the
     body still shown), unless it shows or handles the status itself (``-f``, ``-i``, ``-w``,
@@ -196,11 +205,17 @@ class PageSession:
         self.background: list[Background] = []
         self.bin = directory.parent / "bin"
         self.bin.mkdir(exist_ok=True)
-        for name in ("python", "python3"):
-            (self.bin / name).symlink_to(sys.executable)
-        wrapper = self.bin / "pgqueue"
-        wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m pgqueue "$@"\n')
-        wrapper.chmod(0o755)
+        # Scripts, not symlinks: a symlink to a virtualenv's python elsewhere runs the base
+        # interpreter, without the virtualenv's packages.
+        python = shlex.quote(sys.executable)
+        for name, line in (
+            ("python", f'exec {python} "$@"'),
+            ("python3", f'exec {python} "$@"'),
+            ("pgqueue", f'exec {python} -m pgqueue "$@"'),
+        ):
+            script = self.bin / name
+            script.write_text(f"#!/bin/sh\n{line}\n")
+            script.chmod(0o755)
         self.env = {
             "PGQUEUE_DATABASE_URL": database_url,
             "PYTHONPATH": os.pathsep.join(
@@ -272,7 +287,9 @@ class PageSession:
     def run_command(self, block: Block, command: Command) -> None:
         text = strip_comment(self.substitute(command.text))
         words = _words(text)
-        text = curl_fails_on_http_errors(text, words)
+        error_shown = shows_an_error(command)
+        if not error_shown:
+            text = curl_fails_on_http_errors(text, words)
         if not runs(words):
             return  # shown, not run (pip, psql, docker, export, ...)
         what = _background(words)
@@ -294,6 +311,12 @@ class PageSession:
             pytest.fail(
                 f"{block.page}:{command.line}: `{text}` took over {COMMAND_TIMEOUT:.0f} s\n"
                 f"stdout:\n{exc.stdout!r}\nstderr:\n{exc.stderr!r}",
+                pytrace=False,
+            )
+        if error_shown and words[0] == "curl" and not _ERROR_ANSWER.search(done.stdout):
+            pytest.fail(
+                f"{block.page}:{command.line}: the page shows `{text}` answered with an error, "
+                f"but it was not\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}",
                 pytrace=False,
             )
         if done.returncode != 0:

@@ -99,9 +99,9 @@ def test_console_commands_join_continuation_lines_and_skip_output() -> None:
         "3f1c...  queued\n$ pgqueue status 3f1c\nstatus: completed\n```\n",
     )
     found = commands(page.blocks[0])
-    assert [(c.line, c.text) for c in found] == [
-        (2, "pgqueue enqueue send_receipt --payload '{\"order\": 1}'"),
-        (5, "pgqueue status 3f1c"),
+    assert [(c.line, c.text, c.output) for c in found] == [
+        (2, "pgqueue enqueue send_receipt --payload '{\"order\": 1}'", "3f1c...  queued"),
+        (5, "pgqueue status 3f1c", "status: completed"),
     ]
 
 

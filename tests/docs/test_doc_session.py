@@ -120,10 +120,18 @@ def test_serve_answers_curl_on_the_pages_port(run_page: Callable[[str], PageSess
     assert session.namespace["status"] == 200
     [server] = session.background
     assert f"--port {session.port}" in server.command.text
-    # A documented request the server refuses is a failing example.
+    # A documented request the server refuses is a failing example...
     missing = "```console\n$ curl -s localhost:8000/api/v1/tasks/" + str(uuid.uuid4()) + "\n```\n"
     with pytest.raises(pytest.fail.Exception, match="exited 22"):
         for block in parse_page("docs/sample.md", missing).blocks:
+            session.run(block)
+    # ...unless the page shows the error as its answer: then it must be one.
+    shown = missing.replace("\n```", '\n{"error":"not_found", ...}\n```')
+    for block in parse_page("docs/sample.md", shown).blocks:
+        session.run(block)
+    wrong = shown.replace("/api/v1/tasks/", "/healthz?")
+    with pytest.raises(pytest.fail.Exception, match="answered with an error, but it was not"):
+        for block in parse_page("docs/sample.md", wrong).blocks:
             session.run(block)
 
 
@@ -153,6 +161,7 @@ def test_skipped_blocks_and_other_commands_are_not_run(
     session = run_page(
         "<!-- docs-test: skip needs a Django project -->\n```python\nraise SystemExit\n```\n\n"
         "```console\n$ pip install 'pgqueue-jobs[api]'\n$ export PGQUEUE_X=1\n```\n\n"
+        "```console\n$ python -c 'import psycopg, pgqueue'\n```\n\n"
         "```sql\nSELECT nonsense;\n```\n"
     )
     assert session.background == []
