@@ -169,6 +169,15 @@ def _background(words: list[str]) -> str | None:
     return None
 
 
+def _logs_its_start(words: list[str]) -> bool:
+    """Whether a worker started with these words logs ``worker.started`` (an INFO line)."""
+    for i, word in enumerate(words):
+        if word.startswith("--log-level"):
+            level = word.partition("=")[2] or (words[i + 1] if i + 1 < len(words) else "")
+            return level.lower() in ("debug", "info")
+    return True
+
+
 class Background:
     """A process started by a console command, its output in ``log``."""
 
@@ -349,8 +358,11 @@ class PageSession:
             )
         started = Background(Command(command.line, text), what, proc, log)
         self.background.append(started)
-        if what == "worker":
+        if what == "worker" and _logs_its_start(_words(text)):
             self._wait(block, started, lambda: "worker.started" in started.text())
+        elif what == "worker":  # its start line is below its log level: alive for 3 s
+            since = time.monotonic()
+            self._wait(block, started, lambda: time.monotonic() - since > 3)
         elif what == "serve":
             self._wait(block, started, self._answers)
 

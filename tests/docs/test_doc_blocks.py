@@ -8,6 +8,7 @@ from doc_blocks import DocBlockError, commands, parse_page, python_source
 from doc_session import (
     PageSession,
     _background,
+    _logs_its_start,
     _words,
     curl_fails_on_http_errors,
     runs,
@@ -164,3 +165,10 @@ def test_port_8000_becomes_the_page_port(tmp_path: object) -> None:
         == "curl http://localhost:54321/tasks; pgqueue serve --port 54321"
     )
     assert session.substitute("127.0.0.1:80001") == "127.0.0.1:80001"
+
+
+def test_a_worker_logging_above_info_is_not_waited_for_by_its_start_line() -> None:
+    assert _logs_its_start(_words("pgqueue worker app.tasks:tasks"))
+    assert _logs_its_start(_words("pgqueue worker app.tasks:tasks --log-level debug"))
+    assert not _logs_its_start(_words("pgqueue worker app.tasks:tasks --log-level warning"))
+    assert not _logs_its_start(_words("pgqueue worker app.tasks:tasks --log-level=ERROR"))
