@@ -83,6 +83,7 @@ def run_page(
         del sys.modules[name]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_worker_started_by_a_console_block_runs_the_tasks_of_a_file_block(
     run_page: Callable[[str], PageSession],
@@ -108,6 +109,7 @@ def test_an_awaiting_block_and_the_next_share_the_pages_event_loop(
     assert session.namespace["value"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_serve_answers_curl_on_the_pages_port(run_page: Callable[[str], PageSession]) -> None:
     session = run_page(
