@@ -49,6 +49,7 @@ BACKGROUND = frozenset({"worker", "serve"})
 COMMAND_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
 STOP_GRACE = 10.0
+LOG_TAIL = 40  # lines of a background process's output shown with a failure
 AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 
 _PORT = re.compile(r"\b(localhost|127\.0\.0\.1):8000\b")
@@ -244,6 +245,22 @@ class PageSession:
         return _PORT_OPTION.sub(rf"--port\g<1>{self.port}", text)
 
     def run(self, block: Block) -> None:
+        """Run ``block``; a failure also shows the end of each background process's output
+        (a handle's wait that timed out is often a worker that could not run the task)."""
+        try:
+            self._run(block)
+        except pytest.fail.Exception as exc:
+            if not self.background:
+                raise
+            logs = "\n".join(
+                f"--- `{b.command.text}` (page line {b.command.line}), "
+                f"{'running' if b.proc.poll() is None else f'exited {b.proc.returncode}'}; "
+                f"its output ends:\n" + "\n".join(b.text().splitlines()[-LOG_TAIL:])
+                for b in self.background
+            )
+            pytest.fail(f"{exc}\n\n{logs}", pytrace=False)
+
+    def _run(self, block: Block) -> None:
         if block.skip is not None:
             return
         kind = block.kind

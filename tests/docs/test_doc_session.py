@@ -92,6 +92,12 @@ def test_a_worker_started_by_a_console_block_runs_the_tasks_of_a_file_block(
     assert (session.directory / "app" / "__init__.py").is_file()
     [worker] = session.background
     assert worker.proc.poll() is None
+    # A later block's failure shows the worker's log with it.
+    with pytest.raises(pytest.fail.Exception) as failed:
+        for block in parse_page("docs/sample.md", "```python\nassert False\n```\n").blocks:
+            session.run(block)
+    assert "`pgqueue worker app.tasks:tasks` (page line 17), running" in str(failed.value)
+    assert "worker.started" in str(failed.value)
     session.close()
     assert worker.proc.poll() is not None
     assert session.died() == []
