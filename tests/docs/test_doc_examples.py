@@ -36,7 +36,7 @@ PAGE_TIMEOUT = 180
 KEEP_GOING = "PGQUEUE_DOCS_KEEP_GOING"
 # Pages whose console blocks still show commands without their "$ " prompt (so they are never
 # run): remove a page from here once its commands have prompts.
-UNPROMPTED_ALLOWED = frozenset({"README.md", "docs/autoscaling.md", "docs/django.md"})
+UNPROMPTED_ALLOWED = frozenset({"README.md"})
 
 
 def page_paths() -> list[str]:
