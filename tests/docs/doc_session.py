@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import types
@@ -435,3 +436,16 @@ class PageSession:
                 )
         finally:
             self.runner.close()
+
+
+def threads_left(before: set[threading.Thread], wait: float = 10.0) -> list[str]:
+    """The names of the non-daemon threads started since ``before`` still alive after
+    ``wait`` seconds (a daemon thread does not hold up the interpreter's exit)."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = [
+            t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon
+        ]
+        if not left or time.monotonic() > deadline:
+            return [t.name for t in left]
+        time.sleep(0.1)

@@ -16,14 +16,16 @@ A block that cannot run says why (``<!-- docs-test: skip REASON -->``); those st
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from doc_blocks import Page, commands, parse_page
-from doc_session import REPOSITORY, RUN, PageSession, free_port, runnable
+from doc_session import REPOSITORY, RUN, PageSession, free_port, runnable, threads_left
 
 from pgqueue import defaults
 
@@ -79,7 +81,11 @@ def page_session(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[PageSession]:
     """A session in ``tmp_path``: its environment, working directory and ``sys.path`` set
-    with ``monkeypatch``; its processes stopped, its modules forgotten at the end."""
+    with ``monkeypatch``; at the end its processes stopped, its modules forgotten, the logging
+    set up as it was, and a thread it left running (which would hold up the test run's exit)
+    a failure."""
+    threads = set(threading.enumerate())
+    loggers = {name: _logger_state(name) for name in (None, "pgqueue")}
     directory = tmp_path / "page"
     directory.mkdir()
     session = PageSession(directory, database_url, free_port())
@@ -97,6 +103,8 @@ def page_session(
             session.close()
         finally:
             defaults.reset()
+            for logger_name, state in loggers.items():
+                _restore_logger(logger_name, state)
             for name in set(sys.modules) - before:
                 if str(getattr(sys.modules[name], "__file__", None) or "").startswith(
                     str(directory)
@@ -105,6 +113,19 @@ def page_session(
     died = session.died()
     if died:
         pytest.fail("a background process of the page failed:\n" + "\n".join(died))
+    left = threads_left(threads)
+    if left:
+        pytest.fail(f"the page left threads running: {', '.join(sorted(left))}", pytrace=False)
+
+
+def _logger_state(name: str | None) -> tuple[list[logging.Handler], int, bool]:
+    logger = logging.getLogger(name)
+    return list(logger.handlers), logger.level, logger.propagate
+
+
+def _restore_logger(name: str | None, state: tuple[list[logging.Handler], int, bool]) -> None:
+    logger = logging.getLogger(name)
+    logger.handlers[:], logger.level, logger.propagate = state
 
 
 @pytest.mark.timeout(PAGE_TIMEOUT)

@@ -6,13 +6,14 @@ that name the page's line."""
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from doc_blocks import parse_page
-from doc_session import PageSession, free_port
+from doc_session import PageSession, free_port, threads_left
 
 from pgqueue import defaults
 
@@ -173,3 +174,18 @@ def test_skipped_blocks_and_other_commands_are_not_run(
         "```sql\nSELECT nonsense;\n```\n"
     )
     assert session.background == []
+
+
+def test_a_thread_a_page_leaves_running_is_named() -> None:
+    before = set(threading.enumerate())
+    release = threading.Event()
+    left = threading.Thread(target=release.wait, name="page-worker")
+    done = threading.Thread(target=lambda: None, name="finished")
+    daemon = threading.Thread(target=release.wait, name="daemon", daemon=True)
+    for thread in (left, done, daemon):
+        thread.start()
+    try:
+        assert threads_left(before, wait=0.3) == ["page-worker"]
+    finally:
+        release.set()
+    assert threads_left(before, wait=5) == []
