@@ -31,7 +31,7 @@ from pgqueue import defaults
 
 # How many Python blocks, across every page, may be marked skip. Lower it when you can;
 # never raise it to let a block off running.
-MAX_SKIPPED_PYTHON_BLOCKS = 12
+MAX_SKIPPED_PYTHON_BLOCKS = 4
 PAGE_TIMEOUT = 180
 # Set (to anything) to go on after a failing block and report every failure of a page, when
 # writing one: the blocks after a failure may fail only because of it.
