@@ -191,3 +191,24 @@ def test_the_pages_are_all_collected() -> None:
     assert "README.md" in PAGES
     assert "docs/architecture.md" in PAGES
     assert len(PAGES) == len(set(PAGES))
+
+
+def test_after_pages_run_first_once_and_a_loop_or_a_missing_page_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pages = {
+        "a.md": "# A\n",
+        "b.md": "<!-- docs-test: after a.md -->\n",
+        "c.md": "<!-- docs-test: after b.md -->\n<!-- docs-test: after a.md -->\n",
+        "loop1.md": "<!-- docs-test: after loop2.md -->\n",
+        "loop2.md": "<!-- docs-test: after loop1.md -->\n",
+        "lost.md": "<!-- docs-test: after gone.md -->\n",
+    }
+    for name, text in pages.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "REPOSITORY", tmp_path)
+    assert [p.path for p in session_order("c.md")] == ["a.md", "b.md", "c.md"]
+    with pytest.raises(AssertionError, match=r"loop: loop1\.md -> loop2\.md -> loop1\.md"):
+        session_order("loop1.md")
+    with pytest.raises(AssertionError, match=r"lost\.md runs after gone\.md, which does not exist"):
+        session_order("lost.md")
