@@ -36,9 +36,6 @@ PAGE_TIMEOUT = 180
 # Set (to anything) to go on after a failing block and report every failure of a page, when
 # writing one: the blocks after a failure may fail only because of it.
 KEEP_GOING = "PGQUEUE_DOCS_KEEP_GOING"
-# Pages whose console blocks still show commands without their "$ " prompt (so they are never
-# run): remove a page from here once its commands have prompts.
-UNPROMPTED_ALLOWED = frozenset({"README.md"})
 
 
 def page_paths() -> list[str]:
@@ -178,7 +175,6 @@ def test_console_blocks_give_their_commands_a_prompt() -> None:
     unprompted = [
         f"{block.page}:{block.line}: {line}"
         for page in PAGES
-        if page not in UNPROMPTED_ALLOWED
         for block in load(page).blocks
         if block.kind == "console" and not commands(block)
         for line in block.text.splitlines()
