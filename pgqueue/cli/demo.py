@@ -59,7 +59,7 @@ def ending(embedded: bool) -> str:
         "Next:",
         "  pgqueue serve                   the dashboard and the HTTP API, on 127.0.0.1:8000",
         "                                  (needs the api extra: pip install 'pgqueue-jobs[api]')",
-        "  README.md, 'In your code'       enqueue in your transaction, write handlers, run",
-        "                                  `pgqueue worker app.tasks:tasks`",
+        "  docs/tutorial/index.md          your first task: enqueue in your transaction, run",
+        "                                  `pgqueue worker app.tasks:tasks`, read the result",
     ]
     return "\n".join(lines)

@@ -131,7 +131,7 @@ def _snapshot_line(held: OldestSnapshot, warn: float) -> str:
     if held.warns(warn):
         line += (
             f"\nWARNING: over {age(warn)}: vacuum cannot clean pgqueue.tasks until it ends "
-            "(README: When the database holds an old snapshot)"
+            "(docs/how-to/dba.md: When the database holds an old snapshot)"
         )
     return line
 

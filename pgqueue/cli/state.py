@@ -120,11 +120,46 @@ def plain_help(command: Any) -> None:
     columns (``--allow-unauthenticat…``) and show a flag as taking a value (``--json
     <bool>``); click's wraps the help text and keeps every name and summary whole."""
     command.rich_markup_mode = None
+    for param in getattr(command, "params", []):
+        plain_metavar(param)
     # A group lists its commands by their first paragraph, whole: click would cut it to fit
     # one line ("Submit a task: its payload as --payload JSON, or a function...").
     for sub in getattr(command, "commands", {}).values():
         if sub.short_help is None and sub.help:
             sub.short_help = " ".join(sub.help.split("\n\n")[0].split())
+
+
+# Words in a number option's name that say it is a duration in seconds.
+_SECONDS_WORDS = {"seconds", "interval", "timeout", "period", "retention", "after", "grace"}
+
+
+def plain_metavar(param: Any) -> None:
+    """A conventional placeholder where the declaration gave none: typer shows the Python
+    type (``--queue <list[str]>``, ``--concurrency <int range>``, ``--log-level <str>``),
+    which says nothing of what to write. Counts read ``N``, durations ``SECONDS``, memory
+    ``MB``, and text the last word of the option's name (``--log-level LEVEL``, ``--queue
+    QUEUE``); an argument its own name (``REGISTRY``). Flags and choices keep theirs."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if param.param_type_name == "argument" and descriptor is not None:
+        # Its name says what to write; typer would add the Python type after it (TYPE <str>).
+        param.display_type_rich = lambda ctx: None
+    if param.metavar is not None or getattr(param, "is_flag", False) or descriptor is None:
+        return
+    if descriptor.is_choice:
+        return
+    words = set(param.name.split("_"))
+    annotation = descriptor.annotation
+    if param.param_type_name == "argument":
+        param.metavar = param.name.upper()
+    elif "memory" in words:
+        param.metavar = "MB"
+    elif annotation is int:
+        param.metavar = "N"
+    elif annotation is float:
+        param.metavar = "SECONDS" if words & _SECONDS_WORDS else "NUMBER"
+    else:
+        longest = max(param.opts, key=len).lstrip("-")
+        param.metavar = longest.rsplit("-", 1)[-1].upper()
 
 
 class RootGroup(typer.core.TyperGroup):

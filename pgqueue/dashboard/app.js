@@ -370,7 +370,7 @@
       `Vacuum of pgqueue.tasks is held back: a ${held.kind}, ${held.holder}${state}, has kept ` +
       `a snapshot open for ${duration(held.seconds)} (${number(held.xid_age)} transactions). ` +
       "Finished tasks cannot be cleaned up until it ends: end it, or set " +
-      "idle_in_transaction_session_timeout (README: When the database holds an old snapshot).";
+      "idle_in_transaction_session_timeout (docs/how-to/dba.md: When the database holds an old snapshot).";
     box.hidden = false;
   }
 

@@ -30,9 +30,9 @@ def claim(
     limits lock) are held until the transaction ends. Tasks under a limit (:func:`set_limit`)
     are claimed within it; tasks with a concurrency key in turns per key, from where this
     process's previous claim for the same ``worker_id`` stopped.
-    The claim's transaction commits without waiting for the WAL flush (README, "The delivery
-    guarantee"), and so does anything else written in it: give the claim a transaction of
-    its own, as the worker does.
+    The claim's transaction commits without waiting for the WAL flush
+    (docs/explanation/guarantees.md, "Durability"), and so does anything else written in it:
+    give the claim a transaction of its own, as the worker does.
     """
     rotation = rotation_of(worker_id)
     op = claiming.claim_round(

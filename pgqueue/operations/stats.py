@@ -73,8 +73,9 @@ def oldest_snapshot() -> Op[OldestSnapshot | None]:
     """The oldest snapshot holding back cleanup of ``pgqueue.tasks`` in this database (a
     session idle in a transaction, a long report or ``pg_dump``, a replication slot, a
     prepared transaction), or None. Workers keep their claims cheap while one is open, but
-    the table and its indexes grow until it ends: see the README's "When the database holds
-    an old snapshot". Full detail on other roles' sessions needs pg_read_all_stats."""
+    the table and its indexes grow until it ends: see docs/how-to/dba.md, "When the
+    database holds an old snapshot". Full detail on other roles' sessions needs
+    pg_read_all_stats."""
     return stats.oldest_snapshot()
 
 

@@ -60,7 +60,7 @@ def _help_at_80_columns(path: tuple[str, ...]) -> str:
     return proc.stdout
 
 
-def test_every_commands_help_at_80_columns_names_each_option_whole_and_no_flag_as_taking_a_value():
+def test_every_commands_help_at_80_columns_names_each_option_whole_with_a_placeholder_of_words():
     problems = []
     for path, command in _every_command():
         text = _help_at_80_columns(path)
@@ -70,6 +70,9 @@ def test_every_commands_help_at_80_columns_names_each_option_whole_and_no_flag_a
                 problems.append(f"{where}: line wider than 80 columns: {line!r}")
         if "…" in text:
             problems.append(f"{where}: something is cut short (…)")
+        # A placeholder says what to write (N, SECONDS, QUEUE), not the Python type.
+        for placeholder in re.findall(r"<(?:str|int|float|list\[|bool)[^>]*>", text):
+            problems.append(f"{where}: a Python type as the placeholder: {placeholder}")
         for param in command.params:
             if param.param_type_name != "option" or param.hidden:
                 continue
