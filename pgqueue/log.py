@@ -11,9 +11,12 @@ application configured logging itself (:func:`configure_app`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +28,10 @@ _app_level: str | None = None  # configure_app()'s effective level, likewise (No
 # --app-log-level's values: the levels an application's loggers print from, or off.
 APP_LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 
+
+# The task whose handler is running in this context (an asyncio task's, copied into the
+# thread a sync handler runs on): its id, type and attempt, for the handler's own log lines.
+_current_task: ContextVar[dict[str, Any] | None] = ContextVar("pgqueue_task", default=None)
 
 # LogRecord's own attributes: a field of that name stays in pgqueue_fields only.
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -68,6 +75,34 @@ def render_fields(fields: dict[str, Any]) -> list[str]:
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, "pgqueue_fields", None)
     return fields if isinstance(fields, dict) else {}
+
+
+@contextlib.contextmanager
+def task_fields(task_id: Any, type_: str, attempt: int) -> Iterator[None]:
+    """Within this block (and what it starts: threads through ``copy_context``, asyncio tasks),
+    the application's log records carry the task's id, type and attempt (:class:`TaskFields`):
+    with many handlers running at once, a line is otherwise nobody's."""
+    token = _current_task.set({"task_id": str(task_id), "type": type_, "attempt": attempt})
+    try:
+        yield
+    finally:
+        _current_task.reset(token)
+
+
+class TaskFields(logging.Filter):
+    """Adds the running task's id, type and attempt (:func:`task_fields`) to a record that is
+    not one of pgqueue's events: as attributes, for ``%(task_id)s`` in an application's own
+    format, and as the fields pgqueue's formats print (``logger=app.tasks task_id=...``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _current_task.get()
+        if fields is None or hasattr(record, "pgqueue_event"):
+            return True
+        for key, value in fields.items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        record.pgqueue_fields = fields
+        return True
 
 
 class TextFormatter(logging.Formatter):
@@ -116,6 +151,7 @@ def configure(fmt: str = "text", level: str = "INFO", app_level: str | None = No
     _configured = (fmt, level)
     handler = _Handler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(TaskFields())
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
@@ -144,6 +180,9 @@ def configure_app(level: str = "info") -> None:
     root = logging.getLogger()
     if any(not isinstance(h, _Handler) for h in root.handlers) or not logger.handlers:
         _app_level = None  # the application's own configuration (or pgqueue's is missing)
+        for handler in root.handlers:  # its records still name their task (%(task_id)s)
+            if not any(isinstance(f, TaskFields) for f in handler.filters):
+                handler.addFilter(TaskFields())
         return
     if given == "off":
         _app_level = None

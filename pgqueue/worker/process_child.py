@@ -519,27 +519,6 @@ class _ProgressSender:
             self._closed = True
 
 
-class _TaskFields(logging.Filter):
-    """Adds the running task's id, type and attempt to the log records of a child (as
-    attributes, for ``%(task_id)s``, and as fields, which pgqueue's JSON format prints)."""
-
-    def __init__(self, child: Child) -> None:
-        super().__init__()
-        self._child = child
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        current = self._child.current
-        if current is None or hasattr(record, "pgqueue_event"):
-            return True
-        task = current.task
-        fields = {"task_id": str(task.id), "type": task.type, "attempt": task.attempts}
-        for key, value in fields.items():
-            if not hasattr(record, key):
-                setattr(record, key, value)
-        record.pgqueue_fields = fields
-        return True
-
-
 class Child:
     """One child's life: ready, then tasks until told to exit (see the module's docstring)."""
 
@@ -569,7 +548,7 @@ class Child:
         die_with_parent(self._parent)
         signal.signal(signal.SIGALRM, self._on_alarm)
         signal.signal(signal.SIGUSR1, self._on_cancel)
-        fields = _TaskFields(self)
+        fields = log.TaskFields()  # also on handlers the application configured itself
         for logger in (logging.getLogger(), log.logger):
             for handler in logger.handlers:
                 handler.addFilter(fields)
@@ -716,7 +695,10 @@ class Child:
         with self._lock:
             self.current = current
         try:
-            with tracing.attached(message.get("carrier")):
+            with (
+                tracing.attached(message.get("carrier")),
+                log.task_fields(task.id, task.type, task.attempts),
+            ):
                 if handler is None:
                     outcome: Outcome | Callable[[], Outcome] = Failed(
                         f"no handler is registered for task type {task.type!r} in the "

@@ -33,7 +33,7 @@ from pgqueue.executor import (
     TaskContext,
 )
 from pgqueue.hooks import FailureOutcome, TaskFailure, run_hooks
-from pgqueue.log import event, logger
+from pgqueue.log import event, logger, task_fields
 from pgqueue.models import ClaimedTask, FailOutcome, FailResult, Lease
 from pgqueue.queries.driver import arun
 from pgqueue.queries.leased import task_fail
@@ -127,13 +127,16 @@ class Runner:
         self._metrics.task_started(task)
         try:
             handler = self._registry.get(task.type)
-            with tracing.execution_span(
-                task_id=task.id,
-                type=task.type,
-                queue=task.queue,
-                attempt=task.attempts,
-                trace_context=task.trace_context,
-            ) as span:
+            with (
+                tracing.execution_span(
+                    task_id=task.id,
+                    type=task.type,
+                    queue=task.queue,
+                    attempt=task.attempts,
+                    trace_context=task.trace_context,
+                ) as span,
+                task_fields(task.id, task.type, task.attempts),
+            ):
                 outcome = await self._executor.run(task, ctx, handler)
                 if isinstance(outcome, Failed | Lost):
                     tracing.record_failure(span, getattr(outcome, "error", "lease lost"))

@@ -44,6 +44,11 @@ def chatty(payload, ctx):
     log.debug("a detail nobody asked for")
 
 
+@tasks.handler("chatty_async")
+async def chatty_async(payload, ctx):
+    log.info("confirmation sent to %s", payload["to"])
+
+
 @tasks.handler("chatty_process", executor="process")
 def chatty_process(payload, ctx):
     log.info("confirmation sent to %s", payload["to"])
@@ -203,10 +208,28 @@ def test_a_handlers_log_lines_appear_once_in_the_workers_format(
     if log_format == "json":
         record = json.loads(lines[0])
         assert (record["level"], record["logger"]) == ("info", "start_handlers"), record
+        assert (record["task_id"], record["type"], record["attempt"]) == (task_id, "chatty", 1)
     else:
         assert " INFO " in lines[0] and "logger=start_handlers" in lines[0], lines[0]
+        assert f"task_id={task_id} type=chatty attempt=1" in lines[0], lines[0]
     # pgqueue's own lines are not printed twice now that the root logger has a handler.
     assert text.count("worker.started") == int(processes), text
+
+
+def test_concurrent_async_handlers_log_lines_each_name_their_own_task(
+    database_url: str, conn: psycopg.Connection[Any], handlers_dir: Path
+) -> None:
+    worker = start(database_url, handlers_dir, "--log-format", "json", "--concurrency", "8")
+    try:
+        sent = {enqueue(conn, "chatty_async", {"to": f"user{i}@example.com"}): i for i in range(8)}
+        wait_until(
+            lambda: worker.alive() and all(completed(conn, t) for t in sent), 60, "the tasks"
+        )
+    finally:
+        text = stopped(worker)
+    records = [json.loads(x) for x in text.splitlines() if "confirmation sent to user" in x]
+    named = {r["task_id"]: r["message"] for r in records}
+    assert named == {t: f"confirmation sent to user{i}@example.com" for t, i in sent.items()}, text
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -201,6 +201,10 @@ class PgQueueBackend(BaseTaskBackend):  # type: ignore[misc]
             errors.append(
                 checks.Error(
                     f"pgqueue needs PostgreSQL: DATABASES[{self.database!r}] uses {engine}",
+                    hint=f"Set DATABASES[{self.database!r}]['ENGINE'] to "
+                    "'django.db.backends.postgresql' (Django then connects with psycopg 3, "
+                    f"which pgqueue installs), or TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] "
+                    "to an alias on PostgreSQL.",
                     id="pgqueue.E002",
                 )
             )
