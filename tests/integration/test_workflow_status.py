@@ -347,13 +347,15 @@ def test_http_unknown_workflow_is_404(http: Any) -> None:
             assert "no workflow" in response.json()["message"]
 
 
-def test_the_readmes_workflow_queries_run_and_show_the_parents(conn: Any) -> None:
-    """The DBA queries of the README's "For the DBA" section, run as printed (with an id)."""
+def test_the_dba_pages_workflow_queries_run_and_show_the_parents(conn: Any) -> None:
+    """The workflow queries of the DBA how-to ("Follow a workflow"), run as printed (with an
+    id)."""
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("Workflows (chains, groups, chords") :]
+    page = pathlib.Path(__file__).parents[2] / "docs" / "how-to" / "dba.md"
+    text = page.read_text(encoding="utf-8")
+    section = text[text.index("## Follow a workflow") :]
     block = section[section.index("```sql") + 6 : section.index("```", section.index("```sql") + 6)]
     wf = build(conn, max_attempts=1)
     first, _ = claim(conn)

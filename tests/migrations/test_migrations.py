@@ -31,6 +31,7 @@ from pgqueue.errors import SchemaNotReady
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
+UPGRADING = REPO / "docs" / "how-to" / "upgrading.md"  # where the by-hand statements are printed
 
 
 def _load_snapshot_module() -> Any:
@@ -182,7 +183,7 @@ def test_upgrade_after_downgrade_to_base_builds_the_snapshot_again(
 def test_0004_finds_indexes_a_dba_built_concurrently_and_keeps_the_tasks(
     empty_database_url: str,
 ) -> None:
-    """The README's path for a large table: build 0004's indexes without blocking writes
+    """The upgrading how-to's path for a large table: build 0004's indexes without blocking writes
     first, then migrate; the revision finds them (IF NOT EXISTS) and the result is head."""
     migrate.upgrade(empty_database_url, "0003_schedules")
     execute(
@@ -208,8 +209,8 @@ def test_0004_finds_indexes_a_dba_built_concurrently_and_keeps_the_tasks(
 def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade_drops_it(
     empty_database_url: str,
 ) -> None:
-    """The docstring's path for a large table (the README gives the same statement): the
-    waiting index built without blocking writes first, then the revision finds it (IF NOT
+    """The docstring's path for a large table (the upgrading how-to gives the same statement):
+    the waiting index built without blocking writes first, then the revision finds it (IF NOT
     EXISTS); a downgrade keeps the tasks."""
     migrate.upgrade(empty_database_url, "0013_dependants_flag")
     execute(
@@ -220,8 +221,8 @@ def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade
     docstring = (REPO / "migrations" / "versions" / "0014_waiting_index.py").read_text()
     statements = re.findall(r"CREATE INDEX CONCURRENTLY[^;]+;", docstring)
     assert len(statements) == 1, statements
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    assert " ".join(statements[0].split()) in readme, "README's Schema migrations lacks it"
+    page = " ".join(UPGRADING.read_text(encoding="utf-8").split())
+    assert " ".join(statements[0].split()) in page, "the upgrading how-to lacks it"
     execute(empty_database_url, statements[0])
 
     migrate.upgrade(empty_database_url)
@@ -246,7 +247,7 @@ def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade
 def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade_keeps_the_tasks(
     empty_database_url: str,
 ) -> None:
-    """The docstring's path for a large table (the README gives the same statements): the
+    """The docstring's path for a large table (the upgrading how-to gives the same statements): the
     column added and the four indexes built without blocking writes first, then the
     revision finds them (IF NOT EXISTS), drops the old two and renames the new ones; a
     downgrade keeps the tasks (their keys go with the column)."""
@@ -256,9 +257,9 @@ def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade
     docstring = module.split('"""')[1]
     statements = re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", docstring)
     assert len(statements) == 5, statements
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    page = " ".join(UPGRADING.read_text(encoding="utf-8").split())
     for statement in statements:
-        assert " ".join(statement.split()) in readme, "README's Schema migrations lacks it"
+        assert " ".join(statement.split()) in page, "the upgrading how-to lacks it"
         execute(empty_database_url, statement)
 
     migrate.upgrade(empty_database_url)
@@ -280,18 +281,18 @@ def test_0015_finds_the_claim_indexes_a_dba_built_concurrently_and_its_downgrade
 def test_0011_finds_the_status_check_and_index_a_dba_replaced_by_hand(
     empty_database_url: str,
 ) -> None:
-    """The README's path for a large table before the workflows' revisions: the status CHECK
-    replaced in the steps that hold no long lock, and the workflow index built without
-    blocking writes, by hand, as the README prints them; the revisions then find both."""
+    """The upgrading how-to's path for a large table before the workflows' revisions: the
+    status CHECK replaced in the steps that hold no long lock, and the workflow index built
+    without blocking writes, by hand, as the page prints them; the revisions then find both."""
     migrate.upgrade(empty_database_url, "0010_function_tasks")
     execute(
         empty_database_url,
         "INSERT INTO pgqueue.tasks (type, payload, status) VALUES ('t', '{}', 'queued')",
     )
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    page = UPGRADING.read_text(encoding="utf-8")
     by_hand = [
         statement
-        for statement in re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", readme)
+        for statement in re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", page)
         if "tasks_status_check" in statement
         or "tasks_workflow_idx" in statement
         or "workflow_id uuid" in statement
