@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pgqueue.error_text import split_error
@@ -301,10 +302,23 @@ class WaitTimeout(PgQueueError, TimeoutError):
     """
 
     def __init__(self, task: Any, timeout: float) -> None:
-        super().__init__(
+        message = (
             f"task {task.id} ({task.type}) did not finish within {timeout:g} s; "
             f"it is still {task.status.value} (attempt {task.attempts} of {task.max_attempts})"
         )
+        if task.status.value == "queued" and task.attempts == 0:
+            # Never claimed: the usual cause is no worker on its queue, which nothing else says
+            # (a task not due yet is not a mystery: its time is in the message).
+            queue = getattr(task, "queue", None)
+            due = getattr(task, "visible_after", None)
+            if due is not None and due > datetime.now(UTC):
+                message += f"; it is not due until {due.isoformat()}"
+            elif queue:
+                message += (
+                    f"; no worker has claimed it yet: is one running for queue {queue!r}, "
+                    f"and the queue not paused? (pgqueue worker MODULE:REGISTRY --queue {queue})"
+                )
+        super().__init__(message)
         self.task = task
         self.task_id = task.id
         self.status = task.status.value

