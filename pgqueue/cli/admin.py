@@ -39,7 +39,7 @@ def migrate(
     migrate_mod.upgrade(url)
     emit(
         {"previous": before, "current": head, "database": redact(url)},
-        f"pgqueue schema at {head} (was {before or 'not installed'}) on {redact(url)}",
+        f"pgqueue schema at {head} ({_was(before, head)}) on {redact(url)}",
     )
 
 
@@ -100,3 +100,10 @@ def grant(
         },
         human,
     )
+
+
+def _was(before: str | None, head: str) -> str:
+    """What the schema was before ``migrate``, in words: a second run changes nothing."""
+    if before is None:
+        return "was not installed"
+    return "already up to date, nothing to do" if before == head else f"was {before}"

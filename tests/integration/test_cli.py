@@ -878,6 +878,15 @@ def test_a_database_without_the_schema_says_to_run_migrate(empty_database_url):
     assert "pgqueue migrate" in one_line_error(proc, 1)
 
 
+def test_migrate_says_what_it_did_and_that_a_second_run_has_nothing_to_do(empty_database_url):
+    first = run_cli(empty_database_url, "migrate")
+    again = run_cli(empty_database_url, "migrate")
+
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "(was not installed)" in first.stdout, first.stdout
+    assert "(already up to date, nothing to do)" in again.stdout, again.stdout
+
+
 def test_debug_shows_the_traceback(empty_database_url):
     proc = run_cli(empty_database_url, "--debug", "list")
 
