@@ -15,6 +15,7 @@ from pgqueue.errors import ConfigurationError, InvalidDatabaseURL
 ENV_DATABASE_URL = "PGQUEUE_DATABASE_URL"
 ENV_MAX_PAYLOAD_BYTES = "PGQUEUE_MAX_PAYLOAD_BYTES"
 ENV_MAX_RESULT_BYTES = "PGQUEUE_MAX_RESULT_BYTES"
+ENV_EMBEDDED = "PGQUEUE_EMBEDDED"
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 # A result is stored in the task's row like its payload, read back by `pgqueue status`, the
@@ -142,9 +143,26 @@ def resolve_database_url(url: str | None) -> str:
             return validate_database_url(env)
         except InvalidDatabaseURL as exc:
             raise InvalidDatabaseURL(f"{ENV_DATABASE_URL}: {exc}") from None
+    if not embedded_allowed():
+        raise ConfigurationError(
+            f"no database URL: set {ENV_DATABASE_URL} or pass --database-url "
+            f"({ENV_EMBEDDED}=off forbids falling back to the embedded PostgreSQL)"
+        )
     from pgqueue import embedded
 
     return embedded.database_url()
+
+
+def embedded_allowed() -> bool:
+    """Whether a missing URL may start the embedded server: ``PGQUEUE_EMBEDDED``, ``on``
+    unless set to ``off``. A deployment sets it off, so that a service whose environment lost
+    its URL fails at start instead of quietly running a private queue no producer reaches."""
+    raw = os.environ.get(ENV_EMBEDDED, "").strip().lower()
+    if raw in ("", "on", "1", "true", "yes"):
+        return True
+    if raw in ("off", "0", "false", "no"):
+        return False
+    raise ConfigurationError(f"{ENV_EMBEDDED} must be on or off, not {raw!r}")
 
 
 def _byte_limit(name: str, default: int) -> int:

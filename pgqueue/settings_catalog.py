@@ -119,6 +119,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Where the embedded PostgreSQL keeps its data.",
     ),
     Setting(
+        "PGQUEUE_EMBEDDED",
+        "`on`",
+        "every command and the library's default client",
+        "`off`: without a database URL, refuse to start (naming the setting) instead of "
+        "falling back to the embedded PostgreSQL. Set it in deployments, so that a service "
+        "whose environment lost its URL fails at once rather than running a private queue "
+        "that no producer reaches.",
+        docs="deployment.md",
+    ),
+    Setting(
         "PGQUEUE_EMBEDDED_PG_VERSION",
         "18",
         "the embedded server",

@@ -887,6 +887,35 @@ def test_migrate_says_what_it_did_and_that_a_second_run_has_nothing_to_do(empty_
     assert "(already up to date, nothing to do)" in again.stdout, again.stdout
 
 
+@pytest.mark.parametrize("command", [("stats",), ("worker", "pgqueue.demo:tasks")])
+def test_with_the_embedded_fallback_off_a_missing_url_is_refused_and_starts_no_server(
+    tmp_path, command
+):
+    env = {k: v for k, v in os.environ.items() if k != "PGQUEUE_DATABASE_URL"}
+    env.update(PGQUEUE_EMBEDDED="off", PGQUEUE_HOME=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgqueue", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+    line = one_line_error(proc, 1)
+    assert "no database URL" in line and "PGQUEUE_EMBEDDED=off" in line, line
+    assert list(tmp_path.iterdir()) == []  # no embedded server was started
+
+
+def test_the_library_refuses_a_missing_url_too_with_the_embedded_fallback_off(monkeypatch):
+    monkeypatch.delenv("PGQUEUE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("PGQUEUE_EMBEDDED", "off")
+    with pytest.raises(pgqueue.ConfigurationError, match="PGQUEUE_EMBEDDED=off"):
+        pgqueue.Client()
+    monkeypatch.setenv("PGQUEUE_EMBEDDED", "sometimes")
+    with pytest.raises(pgqueue.ConfigurationError, match="must be on or off"):
+        pgqueue.Client()
+
+
 def test_debug_shows_the_traceback(empty_database_url):
     proc = run_cli(empty_database_url, "--debug", "list")
 
