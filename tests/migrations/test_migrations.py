@@ -206,6 +206,30 @@ def test_0004_finds_indexes_a_dba_built_concurrently_and_keeps_the_tasks(
     ]
 
 
+def test_0008_finds_the_columns_and_the_expiry_index_a_dba_prepared_by_hand(
+    empty_database_url: str,
+) -> None:
+    """The docstring's path for a large table, as the upgrading how-to prints it: the two
+    columns added and the expiry index built without blocking writes first; the revision then
+    finds all three (IF NOT EXISTS) and the result is head."""
+    migrate.upgrade(empty_database_url, "0007_task_types")
+    execute(empty_database_url, "INSERT INTO pgqueue.tasks (type, payload) VALUES ('t', '{}')")
+    module = (REPO / "migrations" / "versions" / "0008_snooze_expiry.py").read_text()
+    docstring = module.split('"""')[1]
+    statements = re.findall(r"(?:ALTER TABLE|CREATE INDEX CONCURRENTLY)[^;]+;", docstring)
+    assert len(statements) == 2, statements
+    page = " ".join(UPGRADING.read_text(encoding="utf-8").split())
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for statement in statements:
+            assert " ".join(statement.split()) in page, "the upgrading how-to lacks it"
+            conn.execute(statement)
+
+    migrate.upgrade(empty_database_url)
+
+    assert_matches_snapshot(empty_database_url)
+    assert rows(empty_database_url, "SELECT type, status FROM pgqueue.tasks") == [("t", "queued")]
+
+
 def test_0014_finds_the_waiting_index_a_dba_built_concurrently_and_its_downgrade_drops_it(
     empty_database_url: str,
 ) -> None:
