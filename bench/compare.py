@@ -661,7 +661,14 @@ class Runner:
         started = time.monotonic()
         load = round(os.getloadavg()[0], 2)  # how busy the shared machine was, for the reader
         label = label_of(step.contender)
-        print(f"round {step.round}: {step.scenario} / {label} ...", file=sys.stderr, flush=True)
+        variant = f" {step.tasks:,}" if step.tasks else ""
+        if len(self.sizes.payloads) > 1:
+            variant += f" ({step.payload_bytes:,}-byte payloads)"
+        print(
+            f"round {step.round}: {step.scenario}{variant} / {label} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             with psycopg.connect(admin_url, autocommit=True) as admin:
                 admin.execute(f'CREATE DATABASE "{name}"')
