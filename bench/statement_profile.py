@@ -17,9 +17,11 @@ noise. This one asks the server what it did: a private PostgreSQL 15 (the system
 
 Per phase and statement (those run at least once per 2,000 tasks): calls and rows per task,
 mean execution time (the executor's, not the round trip), buffers hit and dirtied, WAL
-records, full-page images and bytes, all per task. Then, from ``pg_stat_user_tables``/``pg_stat_user_indexes``: heap tuples written per
-task (inserts, updates and how many were HOT) and index entries read per task, by index;
-and the live entries each index gained (``bt_page_stats`` over its leaf pages, the
+records, full-page images and bytes, all per task. Then, from ``pg_stat_user_tables`` and
+``pg_stat_user_indexes``: heap tuples written per task (inserts, updates and how many were
+HOT) and index entries read per task, by index (in the drain, tasks_retention_idx's reads
+are this script's own: it counts the completed tasks five times a second), and the live
+entries each index gained (``bt_page_stats`` over its leaf pages, the
 pageinspect extension), since no statistics view counts entries written. For inserts that is
 what was written; after updates it undercounts, since btree's bottom-up deletion removes the
 entries of superseded row versions as pages fill: a non-HOT update writes one entry in every
