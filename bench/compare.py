@@ -4,8 +4,9 @@
     python -m bench.compare                  # the whole matrix once, default sizes
     python -m bench.compare --repeat 3       # three rounds, contenders interleaved
     python -m bench.compare --smoke          # CI: tiny sizes, pgqueue only, well under 60 s
-    python -m bench.compare --payload-bytes 2048 --scenarios drain_1,drain,enqueue_bulk
-                                             # the same with 2 KB payloads (its own section)
+    python -m bench.compare --drain-tasks 50000,200000 --payload-bytes 100,2048
+                                             # both drain sizes, every scenario at both
+                                             # payload sizes, in one run (its own section)
     python -m bench.compare --only pgqueue,pgqueue-base --base-tree ../pgqueue-before
                                              # this tree against an earlier checkout of it
 
@@ -27,7 +28,10 @@ PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
   contender script run as a subprocess in its own process group, with a hard timeout after
   which the whole group is killed. The script prints one JSON line.
 * Scenarios: ``drain_1`` and ``drain`` (a backlog drained by 1 and by 2 worker processes,
-  timed from the first completion and from the workers' launch), ``enqueue_single``,
+  timed from the first completion and from the workers' launch; one step per size of
+  ``--drain-tasks``), ``enqueue_single`` (pgqueue's step also runs the bare one-row INSERT
+  loop of ``contenders/baseline_insert.py``, in blocks alternating with its own, so that the
+  ceiling and pgqueue see the same load; its row is "bare INSERT"),
   ``enqueue_bulk`` (plus a row for pgqueue's columnar ``enqueue_columns``, after
   enqueue_many's) and ``latency`` (an idle worker).
 * The harness, not the contenders, checks what must hold: after a drain (and the latency
@@ -50,7 +54,9 @@ PostgreSQL binaries; both are pgqueue dependencies). What it does, and why:
 Results: printed as markdown tables, the section "Side by side with the peers" of
 bench/RESULTS.md rewritten (other sections untouched), the raw data saved as
 bench/results/compare-<UTC timestamp>.json. ``--smoke`` writes neither unless ``--write``.
-A run with another ``--payload-bytes`` writes a section of its own, named by the size.
+A run with other ``--payload-bytes`` writes a section of its own, named by the sizes. The
+targets (round three's: ratios to PgQueuer, to the bare INSERT, to the best peer's latency)
+are judged per round and variant, in the section's "Targets" table.
 """
 
 from __future__ import annotations
@@ -204,14 +210,17 @@ TREES: dict[str, Path] = {"pgqueue": REPO}
 
 @dataclass(frozen=True)
 class Target:
-    """One of round two's targets: pgqueue's ``key`` figure ÷ PgQueuer's in ``scenario``, at
-    least ``need`` (or at most, for a latency: ``lower``); judged in target_rows()."""
+    """One of round three's targets: ``mine``'s ``key`` figure ÷ ``peer``'s in ``scenario``
+    (the same round and variant), at least ``need`` (or at most, for a latency: ``lower``);
+    ``peer`` BEST_PEER: the best of the peers. Judged in target_rows()."""
 
     scenario: str
     text: str
     key: str
     need: float
     lower: bool = False
+    mine: str = "pgqueue"
+    peer: str = "pgqueuer"
 
 
 class Interrupted(BaseException):
@@ -227,24 +236,28 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 @dataclass
 class Sizes:
-    drain: int
+    drains: tuple[int, ...]  # one drain step per size (--drain-tasks 50000,200000)
     enqueue_single: int
     enqueue_bulk: int
     latency: int
     latency_interval_ms: float
     warmup: int
     poll_ms: float
-    payload_bytes: int = DEFAULT_PAYLOAD_BYTES
+    payloads: tuple[int, ...] = (DEFAULT_PAYLOAD_BYTES,)  # every scenario at each size
 
     def tasks(self, scenario: str) -> int:
-        value: int = getattr(self, "drain" if scenario in DRAIN_PROCESSES else scenario)
+        """The scenario's task count (a drain's: the first of --drain-tasks; a step's own
+        count is Step.tasks)."""
+        if scenario in DRAIN_PROCESSES:
+            return self.drains[0]
+        value: int = getattr(self, scenario)
         return value
 
 
-def step_timeout(scenario: str, sizes: Sizes) -> float:
+def step_timeout(scenario: str, sizes: Sizes, tasks: int = 0) -> float:
     """A generous bound per step: about 100 tasks/s for a drain, which every peer beats."""
     if scenario in DRAIN_PROCESSES:
-        return 120 + sizes.drain / 100
+        return 120 + (tasks or sizes.drains[0]) / 100
     if scenario == "enqueue_single":
         return 60 + sizes.enqueue_single / 50
     if scenario == "enqueue_bulk":
@@ -416,6 +429,8 @@ class Step:
     round: int
     scenario: str
     contender: str  # a CONTENDERS key, or BASELINE
+    tasks: int = 0  # the step's task count (0: the scenario's, Sizes.tasks)
+    payload_bytes: int = DEFAULT_PAYLOAD_BYTES
     result: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     wall_s: float = 0.0
@@ -559,27 +574,28 @@ class Runner:
     options: argparse.Namespace
     log_root: Path
     deadline: float
+    baseline: bool = False  # pgqueue's enqueue_single alternates with the bare INSERT loop
+    # pgqueue's enqueue_single results by (round, payload bytes), for the BASELINE step after it
+    single: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
 
     def command(self, step: Step, url: str, timeout: float, log_dir: Path) -> list[str]:
-        n = self.sizes.tasks(step.scenario)
+        n = step.tasks or self.sizes.tasks(step.scenario)
         extra: list[str] = []
-        if step.contender == BASELINE:
-            python, script = self.pythons["pgqueue"], "baseline_insert.py"
-            tuning: list[str] = []
-        else:
-            key = "pgqueue" if step.contender == COLUMNS else step.contender
-            if step.contender == COLUMNS:
-                extra = ["--bulk-api", "columns"]
-            c = CONTENDERS[key]
-            python, script = self.pythons[key], c.script
-            tuning = [
-                "--batch-size",
-                str(self.options.bulk_batch or c.bulk_batch),
-                "--concurrency",
-                str(c.concurrency),
-                "--dequeue-batch",
-                str(c.dequeue_batch),
-            ]
+        key = "pgqueue" if step.contender == COLUMNS else step.contender
+        if step.contender == COLUMNS:
+            extra = ["--bulk-api", "columns"]
+        if step.contender == "pgqueue" and step.scenario == "enqueue_single" and self.baseline:
+            extra = ["--baseline"]
+        c = CONTENDERS[key]
+        python, script = self.pythons[key], c.script
+        tuning = [
+            "--batch-size",
+            str(self.options.bulk_batch or c.bulk_batch),
+            "--concurrency",
+            str(c.concurrency),
+            "--dequeue-batch",
+            str(c.dequeue_batch),
+        ]
         return [
             str(python),
             str(CONTENDERS_DIR / script),
@@ -594,7 +610,7 @@ class Runner:
             "--processes",
             str(DRAIN_PROCESSES.get(step.scenario, 2)),
             "--payload-bytes",
-            str(self.sizes.payload_bytes),
+            str(step.payload_bytes),
             "--poll-interval",
             str(self.options.poll_interval),
             "--interval-ms",
@@ -607,15 +623,37 @@ class Runner:
             str(log_dir / "workers"),
         ]
 
+    def paired_baseline(self, step: Step) -> None:
+        """The BASELINE step: the bare INSERT blocks that ran alternating with pgqueue's
+        enqueue_single step of the same round and payload (run just before it)."""
+        mine = self.single.get((step.round, step.payload_bytes))
+        if mine is None or "baseline" not in mine:
+            step.error = "no pgqueue enqueue_single result to take the bare INSERT blocks from"
+            return
+        step.result = dict(mine["baseline"]) | {"load_before": mine.get("load_before")}
+        n = step.tasks or self.sizes.tasks(step.scenario)
+        if step.result.get("in_table") != n:
+            step.error = f"{step.result.get('in_table')} rows in bare_insert, not {n}"
+        if step.error is None:
+            print(f"  bare INSERT, alternating: {summary(step)}", file=sys.stderr, flush=True)
+
     def run(self, step: Step) -> None:
+        if step.contender == BASELINE:
+            self.paired_baseline(step)
+            return
         remaining = self.deadline - time.monotonic()
         if remaining < 10:
             step.error = "skipped: past the global deadline"
             return
         timeout = min(
-            self.options.step_timeout or step_timeout(step.scenario, self.sizes), remaining
+            self.options.step_timeout or step_timeout(step.scenario, self.sizes, step.tasks),
+            remaining,
         )
         name = f"r{step.round}_{step.contender}_{step.scenario}"
+        if step.tasks:
+            name += f"_{step.tasks}"
+        if len(self.sizes.payloads) > 1:
+            name += f"_{step.payload_bytes}b"
         log_dir = self.log_root / name
         step.log_dir = str(log_dir)
         admin_url = self.server.url()
@@ -623,7 +661,14 @@ class Runner:
         started = time.monotonic()
         load = round(os.getloadavg()[0], 2)  # how busy the shared machine was, for the reader
         label = label_of(step.contender)
-        print(f"round {step.round}: {step.scenario} / {label} ...", file=sys.stderr, flush=True)
+        variant = f" {step.tasks:,}" if step.tasks else ""
+        if len(self.sizes.payloads) > 1:
+            variant += f" ({step.payload_bytes:,}-byte payloads)"
+        print(
+            f"round {step.round}: {step.scenario}{variant} / {label} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             with psycopg.connect(admin_url, autocommit=True) as admin:
                 admin.execute(f'CREATE DATABASE "{name}"')
@@ -635,8 +680,10 @@ class Runner:
                 )
             step.result = run_script(self.command(step, url, timeout, log_dir), timeout, log_dir)
             step.result["load_before"] = load
+            if step.contender == "pgqueue" and step.scenario == "enqueue_single":
+                self.single[(step.round, step.payload_bytes)] = step.result
             with psycopg.connect(url, autocommit=True) as conn:
-                n = self.sizes.tasks(step.scenario)
+                n = step.tasks or self.sizes.tasks(step.scenario)
                 if step.scenario in DRAIN_PROCESSES:
                     step.result["check"] = check_runs(conn, n)
                     total_s = step.result.get("total_s")
@@ -769,12 +816,30 @@ def label_of(key: str) -> str:
     return CONTENDERS[key].label if key in CONTENDERS else "bare INSERT"
 
 
-def by_round(steps: list[Step], scenario: str) -> dict[int, dict[str, Step]]:
+def by_round(
+    steps: list[Step], scenario: str, variant: tuple[int, int] | None = None
+) -> dict[int, dict[str, Step]]:
+    """The scenario's steps by round and contender; with ``variant`` (tasks, payload bytes),
+    only that variant's."""
     out: dict[int, dict[str, Step]] = {}
     for s in steps:
-        if s.scenario == scenario:
+        if s.scenario == scenario and (variant is None or variant == (s.tasks, s.payload_bytes)):
             out.setdefault(s.round, {})[s.contender] = s
     return out
+
+
+def variants(steps: list[Step], scenario: str) -> list[tuple[int, int]]:
+    """The scenario's (tasks, payload bytes) pairs, in the order they ran."""
+    seen: dict[tuple[int, int], None] = {}
+    for s in steps:
+        if s.scenario == scenario:
+            seen.setdefault((s.tasks, s.payload_bytes), None)
+    return list(seen)
+
+
+def payload_note(sizes: Sizes, payload_bytes: int) -> str:
+    """ ", 2,048-byte payloads" in a title when the run has more than one payload size."""
+    return f", {payload_bytes:,}-byte payloads" if len(sizes.payloads) > 1 else ""
 
 
 def value(step: Step | None, key: str) -> Any:
@@ -789,99 +854,122 @@ def load_cell(step: Step) -> str:
 
 
 def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
+    return drain_tables(steps, sizes) + enqueue_tables(steps, sizes) + latency_tables(steps, sizes)
+
+
+def drain_tables(steps: list[Step], sizes: Sizes) -> list[str]:
     out: list[str] = []
     for scenario, processes in DRAIN_PROCESSES.items():
-        rounds = by_round(steps, scenario)
-        if not rounds:
-            continue
-        out += [
-            "",
-            f"### Drain: {sizes.drain:,} queued no-op tasks, {processes} worker "
-            + ("process" if processes == 1 else "processes"),
-            "",
-            f"Tasks/s from the first completion to the last (polled every {sizes.poll_ms:g} ms "
-            "in the contender's own table); tasks/s and seconds from launching the workers to "
-            "the last completion (start-up included); handler starts/s from the handlers' own "
-            "clock; exactly-once checked in the database. Load: the machine's 1-minute load "
-            "average before the step (2 cores; others' work included).",
-            "",
-        ]
-        rows = []
-        for rnd, by in sorted(rounds.items()):
-            mine = by.get("pgqueue")
-            for key, s in by.items():
-                check = s.result.get("check", {})
-                total_s = value(s, "total_s")
-                rows.append(
-                    [
-                        str(rnd),
-                        label_of(key),
-                        "failed" if s.error else fmt_rate(value(s, "per_s")),
-                        fmt_ratio(value(mine, "per_s"), value(s, "per_s")),
-                        fmt_rate(value(s, "from_launch_per_s")),
-                        f"{total_s:.1f}" if total_s else "-",
-                        fmt_ratio(value(mine, "from_launch_per_s"), value(s, "from_launch_per_s")),
-                        fmt_rate(check.get("handler_span_per_s")),
-                        "yes" if check.get("exactly_once") else "NO" if check else "-",
-                        load_cell(s),
-                    ]
-                )
-        out += table(
-            [
-                "round",
-                "contender",
-                "tasks/s",
-                "pgqueue ÷ this",
-                "tasks/s incl. start-up",
-                "incl. start-up (s)",
-                "pgqueue ÷ this, incl. start-up",
-                "handler starts/s",
-                "exactly once",
-                "load",
-            ],
-            rows,
-        )
+        for variant in variants(steps, scenario):
+            tasks, payload_bytes = variant
+            rounds = by_round(steps, scenario, variant)
+            out += [
+                "",
+                f"### Drain: {tasks:,} queued no-op tasks, {processes} worker "
+                + ("process" if processes == 1 else "processes")
+                + payload_note(sizes, payload_bytes),
+                "",
+                "Tasks/s from the first completion to the last (polled every "
+                f"{sizes.poll_ms:g} ms in the contender's own table); tasks/s and seconds from "
+                "launching the workers to the last completion (start-up included); handler "
+                "starts/s from the handlers' own clock; exactly-once checked in the database. "
+                "Load: the machine's 1-minute load average before the step (2 cores; others' "
+                "work included).",
+                "",
+            ]
+            rows = []
+            for rnd, by in sorted(rounds.items()):
+                mine = by.get("pgqueue")
+                for key, s in by.items():
+                    check = s.result.get("check", {})
+                    total_s = value(s, "total_s")
+                    launch = "from_launch_per_s"
+                    rows.append(
+                        [
+                            str(rnd),
+                            label_of(key),
+                            "failed" if s.error else fmt_rate(value(s, "per_s")),
+                            fmt_ratio(value(mine, "per_s"), value(s, "per_s")),
+                            fmt_rate(value(s, launch)),
+                            f"{total_s:.1f}" if total_s else "-",
+                            fmt_ratio(value(mine, launch), value(s, launch)),
+                            fmt_rate(check.get("handler_span_per_s")),
+                            "yes" if check.get("exactly_once") else "NO" if check else "-",
+                            load_cell(s),
+                        ]
+                    )
+            out += table(
+                [
+                    "round",
+                    "contender",
+                    "tasks/s",
+                    "pgqueue ÷ this",
+                    "tasks/s incl. start-up",
+                    "incl. start-up (s)",
+                    "pgqueue ÷ this, incl. start-up",
+                    "handler starts/s",
+                    "exactly once",
+                    "load",
+                ],
+                rows,
+            )
+    return out
+
+
+def enqueue_tables(steps: list[Step], sizes: Sizes) -> list[str]:
+    out: list[str] = []
     for scenario, title in (
         ("enqueue_single", f"Single enqueue: {sizes.enqueue_single:,} tasks, one per transaction"),
         ("enqueue_bulk", f"Bulk enqueue: {sizes.enqueue_bulk:,} tasks"),
     ):
-        rounds = by_round(steps, scenario)
-        if not rounds:
-            continue
-        out += ["", f"### {title}", ""]
-        rows = []
-        for rnd, by in sorted(rounds.items()):
-            for key, s in by.items():
-                settings = s.result.get("settings", {})
-                how = settings.get("api", "")
-                if "batch_size" in settings:
-                    how += f", {settings['batch_size']:,} per call"
-                elif "connection" in settings:
-                    how += f" ({settings['connection']})"
-                rows.append(
-                    [
-                        str(rnd),
-                        label_of(key),
-                        "failed" if s.error else fmt_rate(value(s, "per_s")),
-                        how,
-                        fmt_ratio(value(by.get("pgqueue"), "per_s"), value(s, "per_s")),
-                        load_cell(s),
-                    ]
-                )
-        out += table(["round", "contender", "tasks/s", "how", "pgqueue ÷ this", "load"], rows)
-    rounds = by_round(steps, "latency")
-    if rounds:
+        for variant in variants(steps, scenario):
+            out += ["", f"### {title}{payload_note(sizes, variant[1])}", ""]
+            pairs = {value(s, "pairs") for s in steps if s.contender == BASELINE} - {None}
+            if scenario == "enqueue_single" and pairs:
+                out += [
+                    "The bare INSERT loop ran inside pgqueue's step, in blocks alternating with "
+                    f"pgqueue.enqueue's ({', '.join(map(str, sorted(pairs)))} pairs, the order "
+                    "swapped each pair), each on its own connection to the same database.",
+                    "",
+                ]
+            rows = []
+            for rnd, by in sorted(by_round(steps, scenario, variant).items()):
+                for key, s in by.items():
+                    settings = s.result.get("settings", {})
+                    how = settings.get("api", "")
+                    if "batch_size" in settings:
+                        how += f", {settings['batch_size']:,} per call"
+                    elif "connection" in settings:
+                        how += f" ({settings['connection']})"
+                    rows.append(
+                        [
+                            str(rnd),
+                            label_of(key),
+                            "failed" if s.error else fmt_rate(value(s, "per_s")),
+                            how,
+                            fmt_ratio(value(by.get("pgqueue"), "per_s"), value(s, "per_s")),
+                            load_cell(s),
+                        ]
+                    )
+            out += table(["round", "contender", "tasks/s", "how", "pgqueue ÷ this", "load"], rows)
+    return out
+
+
+def latency_tables(steps: list[Step], sizes: Sizes) -> list[str]:
+    out: list[str] = []
+    for variant in variants(steps, "latency"):
         out += [
             "",
             f"### Idle worker latency: {sizes.latency} tasks, "
-            f"{sizes.latency_interval_ms:g} ms apart, one per transaction",
+            f"{sizes.latency_interval_ms:g} ms apart, one per transaction"
+            + payload_note(sizes, variant[1]),
             "",
             "From just before the enqueue call to the handler's first line, in ms "
             f"(after {sizes.warmup} warm-up tasks and 0.5 s idle).",
             "",
         ]
         rows = []
-        for rnd, by in sorted(rounds.items()):
+        for rnd, by in sorted(by_round(steps, "latency", variant).items()):
             for key, s in by.items():
                 rows.append(
                     [str(rnd), label_of(key)]
@@ -896,79 +984,101 @@ def scenario_tables(steps: list[Step], sizes: Sizes) -> list[str]:
     return out
 
 
-def targets(sizes: Sizes, bulk_batch: int) -> list[Target]:
-    """Round two's targets, each a ratio to PgQueuer in the same round, with the run's sizes."""
-    drain = f"drain {sizes.drain:,}"
-    return [
+# Not peers: pgqueue's own rows (this tree's other API, an earlier tree, the bare INSERT).
+NOT_PEERS = ("pgqueue", BASE, COLUMNS, BASELINE)
+BEST_PEER = "best peer"  # Target.peer: the best figure of the peers in the same round
+
+
+def targets(sizes: Sizes) -> list[Target]:
+    """Round three's targets, each a ratio within one round (and variant)."""
+    out = [
         Target(
             "enqueue_single",
-            "enqueue one task per call and transaction ≥ 1.3x PgQueuer",
+            "enqueue one task per call and transaction ≥ 1.1x PgQueuer",
             "per_s",
-            1.3,
+            1.1,
         ),
         Target(
-            "enqueue_bulk", f"bulk enqueue, {bulk_batch:,} a call ≥ 1.5x PgQueuer", "per_s", 1.5
-        ),
-        Target(
-            "drain_1",
-            f"{drain}, 1 process ≥ 1.5x PgQueuer (from the first completion)",
+            "enqueue_single",
+            "the same ≥ 0.85x a bare one-row INSERT and commit",
             "per_s",
-            1.5,
+            0.85,
+            peer=BASELINE,
         ),
         Target(
-            "drain_1",
-            f"{drain}, 1 process ≥ 1.5x PgQueuer (from worker launch)",
-            "from_launch_per_s",
-            1.5,
-        ),
-        Target(
-            "drain",
-            f"{drain}, 2 processes ≥ 1.5x PgQueuer (from the first completion)",
+            "enqueue_bulk",
+            "bulk enqueue_columns ≥ 1.2x PgQueuer's bulk",
             "per_s",
-            1.5,
+            1.2,
+            mine=COLUMNS,
         ),
-        Target(
-            "drain",
-            f"{drain}, 2 processes ≥ 1.5x PgQueuer (from worker launch)",
-            "from_launch_per_s",
-            1.5,
-        ),
-        Target(
-            "latency",
-            "idle latency p50, enqueue to handler start ≤ 0.8x PgQueuer",
-            "p50_ms",
-            0.8,
-            lower=True,
-        ),
-        Target(
-            "latency",
-            "idle latency p99, enqueue to handler start ≤ 0.8x PgQueuer",
-            "p99_ms",
-            0.8,
-            lower=True,
-        ),
+        Target("enqueue_bulk", "bulk enqueue_many ≥ 1.0x PgQueuer's bulk", "per_s", 1.0),
     ]
+    for scenario, processes in DRAIN_PROCESSES.items():
+        for key, when in (
+            ("per_s", "from the first completion"),
+            ("from_launch_per_s", "from worker launch"),
+        ):
+            out.append(
+                Target(
+                    scenario,
+                    f"drain, {processes} process{'es' if processes > 1 else ''} "
+                    f"≥ 1.3x PgQueuer ({when})",
+                    key,
+                    1.3,
+                )
+            )
+    for key in ("p50_ms", "p99_ms"):
+        out.append(
+            Target(
+                "latency",
+                f"idle latency {key[:3]}, enqueue to handler start ≤ the best peer",
+                key,
+                1.0,
+                lower=True,
+                peer=BEST_PEER,
+            )
+        )
+    return out
 
 
-def target_rows(steps: list[Step], sizes: Sizes, bulk_batch: int) -> list[list[str]]:
-    """Each target of round two, per round: the measured figure and met / not met; then, per
+def peer_figure(by: dict[str, Step], target: Target) -> tuple[Any, str]:
+    """The figure the target compares pgqueue's with, and whose it is."""
+    if target.peer != BEST_PEER:
+        return value(by.get(target.peer), target.key), label_of(target.peer)
+    figures = [(value(s, target.key), label_of(k)) for k, s in by.items() if k not in NOT_PEERS]
+    figures = [f for f in figures if isinstance(f[0], int | float)]
+    if not figures:
+        return None, ""
+    return (min if target.lower else max)(figures, key=lambda f: f[0])
+
+
+def target_rows(steps: list[Step], sizes: Sizes) -> list[list[str]]:
+    """Each target, per variant and round: the ratio measured and met / not met; then, per
     round, whether every task ran exactly once in every checked step of every contender."""
     rows: list[list[str]] = []
 
     def verdict(ok: bool | None) -> str:
         return "-" if ok is None else "met" if ok else "**not met**"
 
-    for target in targets(sizes, bulk_batch):
-        for rnd, by in sorted(by_round(steps, target.scenario).items()):
-            mine, peer = value(by.get("pgqueue"), target.key), value(by.get("pgqueuer"), target.key)
-            figure, ok = "-", None
-            if isinstance(mine, int | float) and isinstance(peer, int | float) and peer > 0:
-                ratio = mine / peer
-                ok = ratio <= target.need if target.lower else ratio >= target.need
-                figure = f"{ratio:.2f}x"
-                if target.lower:
-                    figure += f" ({mine} ms vs {peer} ms)"
-            rows.append([target.text, str(rnd), figure, verdict(ok)])
+    for target in targets(sizes):
+        for tasks, payload_bytes in variants(steps, target.scenario):
+            text = target.text
+            if target.scenario in DRAIN_PROCESSES:
+                text = text.replace("drain,", f"drain {tasks:,},", 1)
+            text += payload_note(sizes, payload_bytes)
+            rounds = by_round(steps, target.scenario, (tasks, payload_bytes))
+            for rnd, by in sorted(rounds.items()):
+                mine = value(by.get(target.mine), target.key)
+                peer, whose = peer_figure(by, target)
+                figure, ok = "-", None
+                if isinstance(mine, int | float) and isinstance(peer, int | float) and peer > 0:
+                    ratio = mine / peer
+                    ok = ratio <= target.need if target.lower else ratio >= target.need
+                    figure = f"{ratio:.2f}x"
+                    if target.lower:
+                        figure += f" ({mine} ms vs {whose} {peer} ms)"
+                rows.append([text, str(rnd), figure, verdict(ok)])
     for rnd in sorted({s.round for s in steps}):
         checks = [s for s in steps if s.round == rnd and s.result.get("check")]
         if checks:
@@ -1043,12 +1153,7 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
     settings = ", ".join(
         f"{k} {pg[k]}" for k in REPORTED_SETTINGS if k in pg and k != "server_version"
     )
-    bulk_batch = report["options"].get("bulk_batch") or CONTENDERS["pgqueue"].bulk_batch
-    payload = (
-        '`{"data": "x" * 100}`'
-        if sizes.payload_bytes == DEFAULT_PAYLOAD_BYTES
-        else f'`{{"data": "x" * {sizes.payload_bytes}}}` (--payload-bytes)'
-    )
+    payload = " and ".join(f'`{{"data": "x" * {n}}}`' for n in sizes.payloads)
     lines = [
         section_heading(report, sizes),
         "",
@@ -1078,7 +1183,7 @@ def render(report: dict[str, Any], steps: list[Step], sizes: Sizes) -> str:
         "",
         "### Targets",
         "",
-        *table(["target", "round", "measured", "verdict"], target_rows(steps, sizes, bulk_batch)),
+        *table(["target", "round", "measured", "verdict"], target_rows(steps, sizes)),
         *scenario_tables(steps, sizes),
         "",
         f"Raw data: `{report['json_path']}`."
@@ -1100,8 +1205,9 @@ def section_heading(report: dict[str, Any], sizes: Sizes) -> str:
     """SECTION (or BASE_SECTION with a base tree); a run with another payload size has its
     own section, so it does not replace the default payload's figures."""
     heading = BASE_SECTION if "git_base" in report else SECTION
-    if sizes.payload_bytes != DEFAULT_PAYLOAD_BYTES:
-        heading = heading.replace(" (", f", {sizes.payload_bytes:,}-byte payloads (", 1)
+    if sizes.payloads != (DEFAULT_PAYLOAD_BYTES,):
+        sized = " and ".join(f"{n:,}" for n in sizes.payloads)
+        heading = heading.replace(" (", f", {sized}-byte payloads (", 1)
     return heading
 
 
@@ -1158,7 +1264,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="rounds of the whole matrix")
     p.add_argument("--only", default="", help="contenders, comma-separated (default: all)")
     p.add_argument("--scenarios", default="", help="scenarios, comma-separated (default: all)")
-    p.add_argument("--drain-tasks", type=int, default=50_000)
+    p.add_argument(
+        "--drain-tasks",
+        default="50000",
+        help="drain sizes, comma-separated: one drain step each (e.g. 50000,200000)",
+    )
     p.add_argument("--single-tasks", type=int, default=3_000)
     p.add_argument("--bulk-tasks", type=int, default=50_000)
     p.add_argument("--latency-tasks", type=int, default=200)
@@ -1172,9 +1282,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--chancy-concurrency", type=int, default=0, help="override (Chancy's queue)")
     p.add_argument(
         "--payload-bytes",
-        type=int,
-        default=DEFAULT_PAYLOAD_BYTES,
-        help="the payload's data string, every contender (e.g. 2048: the design's size)",
+        default=str(DEFAULT_PAYLOAD_BYTES),
+        help="the payload's data string, every contender; comma-separated: every scenario at "
+        "each size (e.g. 100,2048: 2,048 is the design's size)",
     )
     p.add_argument("--no-columns", action="store_true", help=f"skip the bulk row {COLUMNS_LABEL}")
     p.add_argument("--poll-interval", type=float, default=0.1, help="drain completion polls (s)")
@@ -1216,7 +1326,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.smoke:
         args.only = args.only or ("pgqueue," + BASE if args.base_tree else "pgqueue")
         for name, value in (
-            ("drain_tasks", 300),
+            ("drain_tasks", "300"),
             ("single_tasks", 100),
             ("bulk_tasks", 2000),
             ("latency_tasks", 20),
@@ -1225,7 +1335,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
         args.no_write = args.no_write or not args.write
+    args.drain_tasks = sizes_list(p, "--drain-tasks", args.drain_tasks)
+    args.payload_bytes = sizes_list(p, "--payload-bytes", args.payload_bytes)
     return args
+
+
+def sizes_list(parser: argparse.ArgumentParser, option: str, text: str) -> tuple[int, ...]:
+    """ "50000,200000" as (50000, 200000): positive integers, each once, in the given order."""
+    try:
+        sizes = tuple(dict.fromkeys(int(t.replace("_", "")) for t in text.split(",") if t.strip()))
+    except ValueError:
+        parser.error(f"{option} {text}: comma-separated whole numbers")
+    if not sizes or min(sizes) <= 0:
+        parser.error(f"{option} {text}: at least one size, each above 0")
+    return sizes
 
 
 def tune(args: argparse.Namespace) -> None:
@@ -1287,19 +1410,25 @@ def plan(
     contenders: list[str],
     baseline: bool,
     columns: bool = False,
+    sizes: Sizes | None = None,
 ) -> list[Step]:
-    """Rounds x scenarios x contenders, contenders adjacent so each ratio is from one moment;
-    the bare INSERT loop after the single enqueues, pgqueue's enqueue_columns after the bulk
+    """Rounds x payload sizes x scenarios (a drain once per drain size) x contenders,
+    contenders adjacent so each ratio is from one moment; the bare INSERT loop's row after the
+    single enqueues (it runs inside pgqueue's step), pgqueue's enqueue_columns after the bulk
     ones (``columns``)."""
+    drains = sizes.drains if sizes else (0,)
+    payloads = sizes.payloads if sizes else (DEFAULT_PAYLOAD_BYTES,)
     steps = []
     for rnd in range(1, rounds + 1):
-        for scenario in scenarios:
-            for key in contenders:
-                steps.append(Step(rnd, scenario, key))
-            if scenario == "enqueue_single" and baseline:
-                steps.append(Step(rnd, scenario, BASELINE))
-            if scenario == "enqueue_bulk" and columns:
-                steps.append(Step(rnd, scenario, COLUMNS))
+        for payload_bytes in payloads:
+            for scenario in scenarios:
+                for tasks in drains if scenario in DRAIN_PROCESSES else (0,):
+                    for key in contenders:
+                        steps.append(Step(rnd, scenario, key, tasks, payload_bytes))
+                    if scenario == "enqueue_single" and baseline:
+                        steps.append(Step(rnd, scenario, BASELINE, 0, payload_bytes))
+                    if scenario == "enqueue_bulk" and columns:
+                        steps.append(Step(rnd, scenario, COLUMNS, 0, payload_bytes))
     return steps
 
 
@@ -1353,14 +1482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped.append(note)
             contenders.remove("oban")
     sizes = Sizes(
-        drain=args.drain_tasks,
+        drains=args.drain_tasks,
         enqueue_single=args.single_tasks,
         enqueue_bulk=args.bulk_tasks,
         latency=args.latency_tasks,
         latency_interval_ms=args.latency_interval_ms,
         warmup=args.warmup,
         poll_ms=args.poll_interval * 1000,
-        payload_bytes=args.payload_bytes,
+        payloads=args.payload_bytes,
     )
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     command = "python -m bench.compare" + (
@@ -1368,7 +1497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (sys.argv[1:] if argv is None else argv)
         else ""
     )
-    steps = plan(args.repeat, scenarios, contenders, baseline, columns)
+    steps = plan(args.repeat, scenarios, contenders, baseline, columns, sizes)
     git_before = git_state()
     base_before = git_state(tree=TREES[BASE]) if BASE in TREES else None
 
@@ -1400,7 +1529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 settings = server_settings(server)
-                runner = Runner(server, pythons, sizes, args, log_root, deadline)
+                runner = Runner(server, pythons, sizes, args, log_root, deadline, baseline)
                 for step in steps:
                     runner.run(step)
         except (KeyboardInterrupt, Interrupted) as exc:

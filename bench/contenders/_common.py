@@ -62,6 +62,11 @@ def parse_args(description: str, **defaults: Any) -> argparse.Namespace:
         help="length of the payload's data string (the JSON is about 12 bytes more)",
     )
     parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="enqueue_single (pgqueue): alternate blocks with the bare INSERT loop",
+    )
+    parser.add_argument(
         "--bulk-api",
         default="default",
         help="enqueue_bulk: which of the library's bulk APIs (pgqueue: many or columns)",

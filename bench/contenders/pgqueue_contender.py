@@ -101,6 +101,61 @@ def enqueue_bulk(dsn: str, total: int, batch_size: int, api: str = "many") -> fl
         return time.perf_counter() - started
 
 
+def enqueue_block(conn: psycopg.Connection[Any], tasks: int) -> float:
+    """``tasks`` calls of pgqueue.enqueue on an autocommit connection (one transaction each);
+    the seconds they took."""
+    data = common.payload()
+    started = time.perf_counter()
+    for _ in range(tasks):
+        pgqueue.enqueue(conn, common.TASK_TYPE, data)
+    return time.perf_counter() - started
+
+
+def enqueue_single(dsn: str, tasks: int, baseline: bool) -> dict[str, Any]:
+    """pgqueue.enqueue ``tasks`` times; with ``baseline``, in blocks alternating with as many
+    bare one-row INSERTs (baseline_insert.py) on a second connection, each pair's order
+    swapped from one pair to the next, so that both loops see the same moment's load; each
+    side's rate over all its blocks, and the median of the per-pair ratios."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not baseline:
+            elapsed = enqueue_block(conn, tasks)
+            return {"per_s": round(tasks / elapsed, 1), "in_table": in_table(conn)}
+        import baseline_insert as bare  # the contenders' directory is sys.path[0]
+
+        with psycopg.connect(dsn, autocommit=True) as bare_conn:
+            bare.create_table(bare_conn)
+            enqueue_block(conn, 20)  # warm up both: prepared statements, caches
+            bare.insert_block(bare_conn, 20)
+            pairs = max(1, min(BASELINE_PAIRS, tasks // 50))
+            mine = theirs = 0.0
+            ratios = []
+            for i in range(pairs):
+                n = tasks // pairs + (1 if i < tasks % pairs else 0)
+                if i % 2:
+                    b = bare.insert_block(bare_conn, n)
+                    m = enqueue_block(conn, n)
+                else:
+                    m = enqueue_block(conn, n)
+                    b = bare.insert_block(bare_conn, n)
+                mine, theirs = mine + m, theirs + b
+                ratios.append(b / m)  # pgqueue's rate ÷ the bare INSERT's
+            ratios.sort()
+            return {
+                "per_s": round(tasks / mine, 1),
+                "in_table": in_table(conn) - 20,
+                "baseline": {
+                    "per_s": round(tasks / theirs, 1),
+                    "in_table": bare.in_table(bare_conn) - 20,
+                    "pairs": pairs,
+                    "ratio_median": round(ratios[len(ratios) // 2], 3),
+                    "settings": bare.SETTINGS,
+                },
+            }
+
+
+BASELINE_PAIRS = 10  # enqueue_single --baseline: blocks of each, alternating
+
+
 def main() -> None:
     args = common.parse_args(__doc__.splitlines()[0], batch_size=5000, concurrency=50)
     deadline = common.Deadline(args.timeout)
@@ -113,13 +168,7 @@ def main() -> None:
     }
 
     if args.scenario == "enqueue_single":
-        with psycopg.connect(args.dsn, autocommit=True) as conn:
-            data = common.payload()
-            started = time.perf_counter()
-            for _ in range(args.tasks):
-                pgqueue.enqueue(conn, common.TASK_TYPE, data)  # autocommit: one transaction each
-            elapsed = time.perf_counter() - started
-            result.update(per_s=round(args.tasks / elapsed, 1), in_table=in_table(conn))
+        result.update(enqueue_single(args.dsn, args.tasks, args.baseline))
         result["settings"] = {"connection": "psycopg, autocommit", "api": "pgqueue.enqueue"}
 
     elif args.scenario == "enqueue_bulk":

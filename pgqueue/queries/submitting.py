@@ -49,6 +49,20 @@ def task_insert(
     if _in_graph(spec):
         (task,) = yield from task_insert_dependent([spec], now, trace_context, notify=notify)
         return task, True
+    if not trace_context and _simple(spec):
+        params = _defaults()
+        params.update(
+            id=spec.id,
+            queue=spec.queue,
+            type=spec.type,
+            payload=spec.payload_json,
+            priority=None if spec.priority is None else int(spec.priority),
+            now=now,
+            notify=notify,
+        )
+        inserted: Any = (yield Query("task_insert_simple", params, tuples=True))[0]  # a tuple
+        created_at, max_attempts, queue, priority, _ = inserted
+        return _inserted(spec, created_at, created_at, max_attempts, queue, priority), True
     rows = yield Query(
         "task_insert" if spec.idempotency_key is not None else "task_insert_plain",
         {
@@ -95,6 +109,24 @@ def task_insert(
     if key_reuse is KeyReuse.REFUSE:
         _refuse_if_different(spec, rows[0])
     return Task.from_row(rows[0]), False
+
+
+def _simple(spec: TaskSpec) -> bool:
+    """Whether task_insert_simple inserts ``spec``: nothing given but its type, payload, queue
+    and priority (no key, policy, run_at, delay, expiry or concurrency key; not in a graph,
+    which the caller has ruled out)."""
+    return (
+        spec.idempotency_key is None
+        and spec.max_attempts is None
+        and spec.backoff_base is None
+        and spec.backoff_factor is None
+        and spec.backoff_cap is None
+        and spec.run_at is None
+        and not spec.delay_seconds
+        and spec.expires_at is None
+        and spec.expires_in is None
+        and spec.concurrency_key is None
+    )
 
 
 def _holders(specs: Sequence[TaskSpec], key_reuse: KeyReuse) -> Op[list[Row]]:

@@ -80,6 +80,29 @@ RETURNING visible_after, created_at, max_attempts, queue, priority, expires_at,
           CASE WHEN %(notify)s::boolean AND visible_after <= created_at
                THEN pg_notify('pgqueue', queue) END AS notified;
 
+-- name: task_insert_simple
+-- task_insert_plain for the most common submit: no retry policy, run_at, delay, expiry,
+-- concurrency key or trace context given (the queue and the priority may be). The same row,
+-- from 13 parameters instead of 24, with 5 columns back instead of 7 (visible_after is
+-- created_at; expires_at is NULL): each parameter and column costs the client more than it
+-- costs the server, about a tenth of a submit's own instructions in all. Wakes idle workers
+-- on commit unless %(notify)s is false, as task_insert_plain does.
+INSERT INTO pgqueue.tasks (id, queue, type, payload, priority, max_attempts, backoff_base,
+                           backoff_factor, backoff_cap, visible_after, created_at,
+                           policy_default)
+SELECT %(id)s, coalesce(%(queue)s::text, d.queue, %(default_queue)s), %(type)s,
+       %(payload)s::jsonb,
+       coalesce(%(priority)s::smallint, d.priority, %(default_priority)s::smallint),
+       coalesce(d.max_attempts, %(default_max_attempts)s),
+       coalesce(d.backoff_base, %(default_backoff_base)s),
+       coalesce(d.backoff_factor, %(default_backoff_factor)s),
+       coalesce(d.backoff_cap, %(default_backoff_cap)s),
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+       CASE WHEN d.type IS NULL THEN true END
+  FROM (SELECT) AS one LEFT JOIN pgqueue.task_types AS d ON d.type = %(type)s
+RETURNING created_at, max_attempts, queue, priority,
+          CASE WHEN %(notify)s::boolean THEN pg_notify('pgqueue', queue) END AS notified;
+
 -- name: clock
 -- The transaction's time (or the tests' clock): what a bulk COPY stamps on its rows.
 SELECT coalesce(%(now)s::timestamptz, now()) AS now;
