@@ -33,6 +33,32 @@ from test_worker_processes import (
 pytestmark = [pytest.mark.timeout(120)]
 
 
+def claimed_then_swept_back(
+    db: psycopg.Connection[Any],  # noqa: F811
+    task_id: Any,
+    workers: Workers,
+    late: Any,
+) -> None:
+    """The late worker claims the task, and (its start mark held) the sweep takes that claim
+    back with the attempt given back and no execution recorded."""
+    wait_until(
+        lambda: task(db, task_id).started_at is not None,
+        timeout=30,
+        what="the claim",
+        workers=workers,
+        alive=[late],
+    )
+    wait_until(
+        lambda: status_of(db, task_id) == "queued",
+        timeout=30,
+        what="the sweep to take the lease back",
+        workers=workers,
+        alive=[late],
+    )
+    assert task(db, task_id).attempts == 0
+    assert executions(db, task_id) == []
+
+
 def test_a_claim_swept_before_its_start_mark_is_not_started_by_the_late_worker(
     db: psycopg.Connection[Any],  # noqa: F811
     database_url: str,
@@ -54,22 +80,7 @@ def test_a_claim_swept_before_its_start_mark_is_not_started_by_the_late_worker(
         (task_id,) = enqueue(db, {"type": "noop"})
         # Claimed, and then its mark waits on our lock while the 1 s lease runs out and the
         # sweep takes the task back, the attempt given back.
-        wait_until(
-            lambda: task(db, task_id).started_at is not None,
-            timeout=30,
-            what="the claim",
-            workers=workers,
-            alive=[late],
-        )
-        wait_until(
-            lambda: status_of(db, task_id) == "queued",
-            timeout=30,
-            what="the sweep to take the lease back",
-            workers=workers,
-            alive=[late],
-        )
-        assert task(db, task_id).attempts == 0
-        assert executions(db, task_id) == []
+        claimed_then_swept_back(db, task_id, workers, late)
         # Another worker claims the task again and runs it, the late one still held.
         other = workers.start(
             database_url, "--concurrency", "1", "--lease-seconds", "300", *FAST, name="other"
@@ -139,22 +150,7 @@ def test_the_sweep_runs_while_the_first_claims_start_mark_waits(
             "--log-format",
             "json",
         )
-        wait_until(
-            lambda: task(db, task_id).started_at is not None,
-            timeout=30,
-            what="the first claim",
-            workers=workers,
-            alive=[late],
-        )
-        wait_until(
-            lambda: status_of(db, task_id) == "queued",
-            timeout=30,
-            what="the sweep to take the first claim back",
-            workers=workers,
-            alive=[late],
-        )
-        assert task(db, task_id).attempts == 0
-        assert executions(db, task_id) == []
+        claimed_then_swept_back(db, task_id, workers, late)
         locker.rollback()
     # Released, the mark goes through; the late worker finds its claim gone and says so, and
     # then claims and runs the task again itself, as its first attempt.
