@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 
 from pgqueue.arguments import check_arguments
+from pgqueue.config import ENV_DATABASE_URL
 from pgqueue.enqueue import prepare
 from pgqueue.errors import DatabaseUnavailable, InvalidArgument, PgQueueError, ValidationError
 from pgqueue.function_tasks import TaskFunction
@@ -84,14 +85,17 @@ class _Clients:
         self._clients: dict[str | None, tuple[int, Any]] = {}
 
     def get(self, database_url: str | None) -> Any:
+        """The client for ``database_url``; None is ``PGQUEUE_DATABASE_URL`` as it is now, so
+        a client made for an earlier value is not reused for another database."""
         from pgqueue.client import Client
 
+        key = database_url or os.environ.get(ENV_DATABASE_URL, "").strip() or None
         with self._lock:
-            held = self._clients.get(database_url)
+            held = self._clients.get(key)
             if held is not None and held[0] == os.getpid():
                 return held[1]
-            client = Client(database_url)
-            self._clients[database_url] = (os.getpid(), client)
+            client = Client(key)
+            self._clients[key] = (os.getpid(), client)
             return client
 
     def close(self) -> None:
