@@ -5,6 +5,8 @@ PYTHONPATH). Every handler first records its execution in the side table ``execu
 (created by the test) through its own autocommit connection, so that the record is committed
 before the handler goes on: duplicate runs and runs cut short by a crash or a kill stay
 visible. The database URL comes from ``PGQUEUE_DATABASE_URL``, which the CLI reads too.
+That connection never prepares a statement: in the pooler pass the URL leads through a
+transaction-mode pooler, where the tests' own connections follow pgqueue's rule.
 
 Payload knobs:
 
@@ -43,7 +45,9 @@ def _database_url() -> str:
 def _connection() -> psycopg.Connection[Any]:
     conn: psycopg.Connection[Any] | None = getattr(_local, "conn", None)
     if conn is None or conn.closed:
-        conn = psycopg.connect(_database_url(), autocommit=True, connect_timeout=5)
+        conn = psycopg.connect(
+            _database_url(), autocommit=True, connect_timeout=5, prepare_threshold=None
+        )
         _local.conn = conn
     return conn
 

@@ -42,7 +42,12 @@ CREATE TABLE tx_writes (
 
 
 def _connect() -> psycopg.Connection[Any]:
-    return psycopg.connect(os.environ["PGQUEUE_DATABASE_URL"], autocommit=True, connect_timeout=5)
+    return psycopg.connect(
+        os.environ["PGQUEUE_DATABASE_URL"],
+        autocommit=True,
+        connect_timeout=5,
+        prepare_threshold=None,
+    )
 
 
 def _blocks(payload: dict[str, Any], ctx: TaskContext) -> bool:

@@ -29,7 +29,9 @@ LONGEST = 120.0  # a handler never stopped gives up, so that a broken test canno
 def _connection() -> psycopg.Connection[Any]:
     global _conn
     if _conn is None or _conn.closed:
-        _conn = psycopg.connect(os.environ["PGQUEUE_DATABASE_URL"], autocommit=True)
+        _conn = psycopg.connect(
+            os.environ["PGQUEUE_DATABASE_URL"], autocommit=True, prepare_threshold=None
+        )
     return _conn
 
 

@@ -24,7 +24,9 @@ FLOOD_SECONDS = 1.2
 
 
 def _let_go(ctx: TaskContext) -> bool:
-    with psycopg.connect(os.environ["PGQUEUE_DATABASE_URL"], autocommit=True) as conn:
+    with psycopg.connect(
+        os.environ["PGQUEUE_DATABASE_URL"], autocommit=True, prepare_threshold=None
+    ) as conn:
         return bool(conn.execute("SELECT 1 FROM go WHERE task_id = %s", (ctx.task_id,)).fetchone())
 
 
