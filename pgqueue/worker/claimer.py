@@ -102,6 +102,7 @@ class Claimer:
         self._start = start
         self._declarations = list(declarations)
         self._limits_checked = -LIMITS_RECHECK_SECONDS
+        self._look_due = False  # the last ordinary claim left a look to make
         self._marked = False
         # Set once the first claim statement has returned (or failed): what can wait for it
         # waits (maintenance, the pool's growth), so that it does not compete with the first
@@ -160,19 +161,34 @@ class Claimer:
             "claimer", lambda c: self._metrics.claim_timed(self._claim(c, want)), attempts=1
         )
         self.first_claim_tried.set()
-        if claimed is not None:
-            for task in claimed:
+        if claimed is None:
+            return None
+        for task in claimed:
+            self._start(task)
+        if self._look_due and not self._stop.stopping:
+            # After the start of what the ordinary claim took, not before: the look is a
+            # statement more, and an idle worker's pickup would otherwise wait for it.
+            self._look_due = False
+            rest = want - len(claimed)
+            more = await self._db.call(
+                "claimer",
+                lambda c: self._metrics.claim_timed(self._claim(c, rest, looking=True)),
+                attempts=1,
+            )
+            for task in more or ():
                 self._start(task)
+            claimed += more or []
         return claimed
 
-    async def _claim(self, conn: Any, want: int) -> list[ClaimedTask]:
+    async def _claim(self, conn: Any, want: int, *, looking: bool = False) -> list[ClaimedTask]:
         """One claim, then the start mark of what it claimed (lease_starts_mark), so that a
         worker killed in between gives the attempts back. Where no limit existed at the last look,
         the ordinary claim alone, one statement: it leaves limited tasks alone anyway, so a
         limit set since then is never broken, only its tasks wait until the next look
-        (LIMITS_RECHECK_SECONDS at most). Otherwise a probe first, and only when a limited
-        task may be waiting, the claim that honours the limits, in a transaction of its own
-        (it takes the limits lock)."""
+        (LIMITS_RECHECK_SECONDS at most). Otherwise the claim that honours the limits, in a
+        transaction of its own (it takes the limits lock). ``looking``: the look an ordinary
+        claim left due, once what it claimed has started (_look), and, only when keyed or
+        limited tasks wait, a claim round for the ``want`` slots still free."""
         if not self._marked:
             # The worker's row before its first claim (a mark from -infinity): without it, a
             # worker killed between its first claim and its first mark would count those
@@ -183,9 +199,18 @@ class Claimer:
             if self._declarations:
                 await arun(conn, task_types_declare(self._config.worker_id, self._declarations))
             self._marked = True
+        probe = None
+        if looking:
+            probe = await self._look(conn)
+            if want <= 0 or not (probe.keyed or probe.waiting):
+                return []
         starts = self.starts.next()
         began = time.monotonic()
-        claimed = await self._claim_from(conn, want, starts)
+        if probe is not None:
+            args = self._claim_args(want, starts)
+            claimed = await self._claim_round(conn, args, began, probed=probe)
+        else:
+            claimed = await self._claim_from(conn, want, starts)
         self.first_claim_tried.set()
         unkeyed = [t for t in claimed if t.concurrency_key is None]
         self.starts.claimed(unkeyed, starts=starts, seconds=time.monotonic() - began)
@@ -234,30 +259,39 @@ class Claimer:
     async def _claim_from(self, conn: Any, want: int, starts: Starts | None) -> list[ClaimedTask]:
         """The ordinary claim alone where no limit and no keyed task was seen at the last
         look; otherwise claim_round, in a transaction of its own (it probes, takes the limits
-        lock where it must, and claims under the limits and in turns of the keys). After an
-        ordinary claim that found fewer tasks than it asked for, a look (a probe without the
-        lock, outside any transaction) and, if keyed or limited tasks wait, a claim round for
-        the rest."""
+        lock where it must, and claims under the limits and in turns of the keys). An
+        ordinary claim leaves a look due (claim_once makes it, once what it claimed has
+        started) every LIMITS_RECHECK_SECONDS, and after a claim that found fewer tasks than
+        it asked for, no more often than SHORTFALL_RECHECK_SECONDS."""
+        args = self._claim_args(want, starts)
+        now = time.monotonic()
+        self._rate_wait = None
+        if self._slots.limited:
+            return await self._claim_round(conn, args, now)
+        claimed = await arun(conn, task_claim(**args))
+        since = now - self._limits_checked
+        self._look_due = since >= LIMITS_RECHECK_SECONDS or (
+            len(claimed) < want and since >= SHORTFALL_RECHECK_SECONDS
+        )
+        return claimed
+
+    async def _look(self, conn: Any) -> LimitsProbe:
+        """A probe for limits and keyed tasks, without the lock and outside any transaction.
+        What it finds decides the next claims (with limits or keyed tasks, each is a claim
+        round), and _claim makes a claim round for the slots still free if some wait."""
+        probe = await arun(conn, limits_probe(self._config.queues))
+        self._note(probe, time.monotonic())
+        return probe
+
+    def _claim_args(self, want: int, starts: Starts | None) -> dict[str, Any]:
         cfg = self._config
-        args: dict[str, Any] = {
+        return {
             "queues": cfg.queues,
             "limit": want,
             "owner": cfg.worker_id,
             "lease_seconds": cfg.lease_seconds,
             "starts": starts,
         }
-        now = time.monotonic()
-        self._rate_wait = None
-        if self._slots.limited or now - self._limits_checked >= LIMITS_RECHECK_SECONDS:
-            return await self._claim_round(conn, args, now)
-        claimed = await arun(conn, task_claim(**args))
-        if len(claimed) < want and now - self._limits_checked >= SHORTFALL_RECHECK_SECONDS:
-            probe = await arun(conn, limits_probe(cfg.queues))
-            self._note(probe, now)
-            if probe.keyed or probe.waiting:
-                args["limit"] = want - len(claimed)
-                claimed += await self._claim_round(conn, args, now, probed=probe)
-        return claimed
 
     async def _claim_round(
         self, conn: Any, args: dict[str, Any], now: float, probed: LimitsProbe | None = None
