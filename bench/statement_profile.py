@@ -92,7 +92,8 @@ def flush(conn: psycopg.Connection[Any]) -> None:
 def _normal(text: str) -> str:
     """A statement's text with every parameter and constant as ``$`` and single spaces: how
     pg_stat_statements's text (constants as $1, $2, ...) and pgqueue's (%(name)s) compare."""
-    text = re.sub(r"'[^']*'|\$\d+|%\(\w+\)s|\b\d+(?:\.\d+)?\b|\b(?:true|false|NULL)\b", "$", text)
+    parameter = r"'[^']*'|\$\d+|%\(\w+\)[sbt]|\b\d+(?:\.\d+)?\b|\b(?:true|false|NULL)\b"
+    text = re.sub(parameter, "$", text)
     return re.sub(r"\s+", " ", text).strip().rstrip(";")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import uuid
 from collections.abc import Iterable, Mapping
@@ -324,8 +325,9 @@ class ClaimedTask:
     # The tenant it works for: the fair claim's turns and per-key limits (None: no key).
     concurrency_key: str | None = None
 
-    @property
+    @functools.cached_property
     def lease(self) -> Lease:
+        # Made once: the runner, the completer and each heartbeat ask for it.
         return Lease(self.id, self.lease_token)
 
     @property

@@ -13,6 +13,7 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from pgqueue.errors import LeaseLost
 from pgqueue.models import FailOutcome, FailResult, Lease, RetryPolicy, SnoozeResult, TaskStatus
@@ -25,7 +26,7 @@ def task_complete_many(
     """Complete many tasks; returns the ids whose lease was still held (the others are lost)."""
     if not results:
         return set()
-    rows = yield Query(
+    rows: Any = yield Query(  # tuples: (id, has_dependants)
         "task_complete",
         {
             "ids": [lease.task_id for lease, _ in results],
@@ -34,8 +35,9 @@ def task_complete_many(
             "now": now,
         },
         prepare=False,
+        tuples=True,
     )
-    return {r["id"] for r in rows}
+    return {r[0] for r in rows}
 
 
 def task_complete(lease: Lease, result_json: str | None, now: datetime | None = None) -> Op[None]:

@@ -211,7 +211,7 @@ def explain_prepared(conn: psycopg.Connection[Any], query: driver.Query) -> Plan
             names.append(match.group(1))
         return f"${names.index(match.group(1)) + 1}"
 
-    text = re.sub(r"%\((\w+)\)s", placeholder, driver.statements()[query.name])
+    text = re.sub(r"%\((\w+)\)[sbt]", placeholder, driver.statements()[query.name])
     conn.execute(f"PREPARE plan_probe AS {text.replace('%%', '%')}")
     conn.commit()
     try:
