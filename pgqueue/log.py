@@ -11,11 +11,9 @@ application configured logging itself (:func:`configure_app`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -31,7 +29,7 @@ APP_LOG_LEVELS = ("debug", "info", "warning", "error", "off")
 
 # The task whose handler is running in this context (an asyncio task's, copied into the
 # thread a sync handler runs on): its id, type and attempt, for the handler's own log lines.
-_current_task: ContextVar[dict[str, Any] | None] = ContextVar("pgqueue_task", default=None)
+_current_task: ContextVar[tuple[Any, str, int] | None] = ContextVar("pgqueue_task", default=None)
 
 # LogRecord's own attributes: a field of that name stays in pgqueue_fields only.
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -77,16 +75,24 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else {}
 
 
-@contextlib.contextmanager
-def task_fields(task_id: Any, type_: str, attempt: int) -> Iterator[None]:
+class task_fields:
     """Within this block (and what it starts: threads through ``copy_context``, asyncio tasks),
     the application's log records carry the task's id, type and attempt (:class:`TaskFields`):
-    with many handlers running at once, a line is otherwise nobody's."""
-    token = _current_task.set({"task_id": str(task_id), "type": type_, "attempt": attempt})
-    try:
-        yield
-    finally:
-        _current_task.reset(token)
+    with many handlers running at once, a line is otherwise nobody's.
+
+    Entered for every task a worker runs, and read only when a handler logs: it keeps the
+    three values as given, and :class:`TaskFields` makes the record's fields from them."""
+
+    __slots__ = ("_task", "_token")
+
+    def __init__(self, task_id: Any, type_: str, attempt: int) -> None:
+        self._task = (task_id, type_, attempt)
+
+    def __enter__(self) -> None:
+        self._token = _current_task.set(self._task)
+
+    def __exit__(self, *exc: object) -> None:
+        _current_task.reset(self._token)
 
 
 class TaskFields(logging.Filter):
@@ -95,9 +101,11 @@ class TaskFields(logging.Filter):
     format, and as the fields pgqueue's formats print (``logger=app.tasks task_id=...``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        fields = _current_task.get()
-        if fields is None or hasattr(record, "pgqueue_event"):
+        task = _current_task.get()
+        if task is None or hasattr(record, "pgqueue_event"):
             return True
+        task_id, type_, attempt = task
+        fields = {"task_id": str(task_id), "type": type_, "attempt": attempt}
         for key, value in fields.items():
             if not hasattr(record, key):
                 setattr(record, key, value)

@@ -91,13 +91,23 @@ def remote_parent(headers: Mapping[str, str]) -> Iterator[None]:
         context.detach(token)
 
 
-@contextlib.contextmanager
-def submit_span(type: str, queue: str, *, count: int = 1) -> Iterator[dict[str, str] | None]:
+# What the spans' context managers are when tracing is off: one shared do-nothing manager
+# that yields None, not a generator made and run per submit and per execution.
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def submit_span(
+    type: str, queue: str, *, count: int = 1
+) -> contextlib.AbstractContextManager[dict[str, str] | None]:
     """Around a submit: yields the W3C carrier to store with the task(s), or None when off.
     The span's parent is whatever span is current (the application's, or the request's)."""
     if not enabled():
-        yield None
-        return
+        return _OFF
+    return _submit_span(type, queue, count)
+
+
+@contextlib.contextmanager
+def _submit_span(type: str, queue: str, count: int) -> Iterator[dict[str, str] | None]:
     from opentelemetry import propagate, trace
 
     attributes = {
@@ -117,7 +127,6 @@ def submit_span(type: str, queue: str, *, count: int = 1) -> Iterator[dict[str, 
         yield carrier
 
 
-@contextlib.contextmanager
 def execution_span(
     *,
     task_id: Any,
@@ -125,12 +134,18 @@ def execution_span(
     queue: str,
     attempt: int,
     trace_context: Mapping[str, str] | None,
-) -> Iterator[Any]:
+) -> contextlib.AbstractContextManager[Any]:
     """Around one execution of a task by a worker; yields the span (None when off). An
     exception escaping the block is recorded on the span and marks it as an error."""
     if not enabled():
-        yield None
-        return
+        return _OFF
+    return _execution_span(task_id, type, queue, attempt, trace_context)
+
+
+@contextlib.contextmanager
+def _execution_span(
+    task_id: Any, type: str, queue: str, attempt: int, trace_context: Mapping[str, str] | None
+) -> Iterator[Any]:
     from opentelemetry import propagate, trace
 
     parent = propagate.extract(dict(trace_context)) if trace_context else None
