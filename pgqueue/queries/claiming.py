@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from pgqueue.models import ClaimedTask, Priority, SweepResult, TaskStatus
+from pgqueue.models import ClaimedTask, Priority, SweepResult, TaskStatus, built
 from pgqueue.queries.driver import Op, Query, Row
 
 # Where a walk of the claim index starts when it starts at the beginning.
@@ -185,22 +185,30 @@ _PRIORITIES = {int(p): p for p in Priority}  # Priority(n), without the enum cal
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
     """Tuples of task_claim's and task_claim_limited's RETURNING, in its column order."""
     priorities = _PRIORITIES
+    # (built: ClaimedTask's frozen __init__ sets its 15 fields one by one through
+    # object.__setattr__, for every task a worker runs)
     tasks = [
-        ClaimedTask(
-            id=id,
-            queue=queue,
-            type=type,
-            payload=payload,
-            priority=priorities[priority] if priority in priorities else Priority(priority),
-            attempts=attempts,
-            max_attempts=max_attempts,
-            lease_token=lease_token,
-            lease_expires_at=lease_expires_at,
-            created_at=created_at,
-            trace_context=trace_context,
-            has_parents=bool(has_parents),
-            workflow_id=workflow_id,
-            concurrency_key=concurrency_key,
+        built(
+            ClaimedTask,
+            {
+                "id": id,
+                "queue": queue,
+                "type": type,
+                "payload": payload,
+                "priority": priorities[priority]
+                if priority in priorities
+                else Priority(priority),
+                "attempts": attempts,
+                "max_attempts": max_attempts,
+                "lease_token": lease_token,
+                "lease_expires_at": lease_expires_at,
+                "created_at": created_at,
+                "trace_context": trace_context,
+                "has_parents": bool(has_parents),
+                "workflow_id": workflow_id,
+                "parents": (),
+                "concurrency_key": concurrency_key,
+            },
         )
         for (
             id, queue, type, payload, priority, attempts, max_attempts, lease_token,
