@@ -134,13 +134,17 @@ class Contender:
 
 # Each contender's best settings here, from sweeps of the drain on this machine (TUNING says
 # which), so that no peer runs on a default that handicaps it: PgQueuer's default dequeue batch
-# (10), for one, drains several times slower than 200 does.
+# (10), for one, drains several times slower than 200 does, and 200 half as fast as 2,000 on a
+# quiet machine.
 TUNING = (
     "Settings come from drain sweeps (10,000-30,000 tasks, two interleaved rounds, on a machine "
-    "busy with other work, so only large differences count): pgqueue --concurrency 20, 50, 100, "
-    "200, 400 per process (100 and up alike while a claim took at most 100 tasks; since claims "
-    "take up to 500, 400-1,000 beat 100 by about 25 %: 500); PgQueuer --batch-size 10, 50, "
-    "100, 200, 500, 1000 (200 best in both rounds; its default 10 is 3-10x slower); Procrastinate "
+    "busy with other work, so only large differences count), pgqueue's and PgQueuer's swept "
+    "again on a quiet one (load under 1.5; 100,000 tasks, 1 and 2 processes, two rounds): "
+    "pgqueue --concurrency 500, 1000, 2000 per process (1,000 and 2,000 alike, 10-20 % above 500 "
+    "with 1 process, 2-7 % with 2: a second claim of up to 500 can then overlap the first "
+    "batch's handlers: 1000); PgQueuer --batch-size 200, 500, 1000, 2000, 5000 (1,000 to 5,000 "
+    "alike, 1.7-1.9x 200's rate: 2000; in the busy sweep, 10, 50, 100, 200, 500, 1000 had put "
+    "200 first, and its default 10 is 3-10x slower); Procrastinate "
     "--concurrency 10, 25, 50, 100 (flat within the noise: 25, near its docs' example of 30), "
     "with a pool of concurrency + 4 connections (its default pool of 4 would make sub-workers "
     "wait for a connection). Bulk batches of 1,000, 5,000 and 10,000 were alike within the noise "
@@ -167,7 +171,7 @@ CONTENDERS: dict[str, Contender] = {
         # The distribution's name since c73af0f; a base tree from before it is "pgqueue".
         ("pgqueue-jobs", "pgqueue", "psycopg"),
         bulk_batch=1000,
-        concurrency=500,
+        concurrency=1000,
     ),
     "pgqueuer": Contender(
         "pgqueuer",
@@ -175,7 +179,7 @@ CONTENDERS: dict[str, Contender] = {
         "pgqueuer_contender.py",
         ("pgqueuer", "asyncpg", "uvloop"),
         bulk_batch=1000,
-        dequeue_batch=200,
+        dequeue_batch=2000,
     ),
     "procrastinate": Contender(
         "procrastinate",
