@@ -328,7 +328,7 @@ class ClaimedTask:
     def lease(self) -> Lease:
         # Made once (the runner, the completer and each heartbeat ask for it), kept in the
         # instance's dict beside the fields; not functools.cached_property, whose first read
-        # takes a lock on Python 3.11 (a twentieth of a no-op drain's worker CPU).
+        # takes a lock on Python 3.11 (7 % of a no-op drain's worker CPU in a profile).
         lease: Lease | None = self.__dict__.get("_lease")
         if lease is None:
             lease = self.__dict__["_lease"] = Lease(self.id, self.lease_token)
