@@ -7,11 +7,11 @@ flush's wait taken out: what is left is CPU (the client's, the server's) and the
 Why: bench.compare's durable single enqueues on a machine with a shared disk measure the
 flush's weather (their rates moved 10x between steps minutes apart). Here every connection
 runs with ``synchronous_commit`` off (the statements and their commits are otherwise the
-same), and besides the wall time per call the server backend's own on-CPU time per call is
-read from ``/proc/<pid>/schedstat`` (so the server must run on this machine). Three loops in
-turn, 300 calls a block, 6 counted rounds after one uncounted: ``pgqueue.enqueue``, the same
-with ``notify=False``, and baseline_insert.py's bare INSERT, each on its own connection to a
-scratch database of the server given.
+same). Besides the wall time per call, it counts this process's CPU time per call and the
+server backend's own on-CPU time per call (read from ``/proc/<pid>/schedstat``, so the server
+must run on this machine). Three loops in turn, 300 calls a block, 6 counted rounds after one
+uncounted: ``pgqueue.enqueue``, the same with ``notify=False``, and baseline_insert.py's bare
+INSERT, each on its own connection to a scratch database of the server given.
 """
 
 from __future__ import annotations
@@ -76,14 +76,17 @@ def main(argv: list[str] | None = None) -> int:
             pids[key] = row[0]
         server: dict[str, list[float]] = {k: [] for k in loops}
         wall: dict[str, list[float]] = {k: [] for k in loops}
+        client: dict[str, list[float]] = {k: [] for k in loops}
         for rnd in range(args.rounds + 1):
             for key in loops if rnd % 2 == 0 else list(loops)[::-1]:
                 call = loops[key][0]
                 cpu, started = on_cpu_ns(pids[key]), time.perf_counter()
+                own = time.process_time()
                 for _ in range(args.calls):
                     call()
                 if rnd:
                     wall[key].append((time.perf_counter() - started) / args.calls * 1e6)
+                    client[key].append((time.process_time() - own) / args.calls * 1e6)
                     server[key].append((on_cpu_ns(pids[key]) - cpu) / args.calls / 1000)
     finally:
         for conn in conns:
@@ -92,12 +95,14 @@ def main(argv: list[str] | None = None) -> int:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"{args.payload_bytes}-byte payloads, synchronous_commit off, {args.calls} calls a block")
     print()
-    print("| loop | wall µs per call, median | server backend on-CPU µs per call, median |")
-    print("|---|---|---|")
+    print(
+        "| loop | wall µs per call, median | client CPU µs per call, median "
+        "| server backend on-CPU µs per call, median |"
+    )
+    print("|---|---|---|---|")
     for key in loops:
-        print(
-            f"| {key} | {statistics.median(wall[key]):.0f} | {statistics.median(server[key]):.1f} |"
-        )
+        w, c, b = (statistics.median(d[key]) for d in (wall, client, server))
+        print(f"| {key} | {w:.0f} | {c:.1f} | {b:.1f} |")
     return 0
 
 
